@@ -1,0 +1,38 @@
+# Two entry points for a newcomer: `make demo` and `make test` (see README.md).
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+DURATION ?= 20
+
+.PHONY: demo test lint bench java clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(VENV)/bin/python pyproject.toml
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+java:
+	@if ! java -version >/dev/null 2>&1; then \
+		echo "Java not found: installing a headless JRE for Spark"; \
+		apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	fi
+	@java -version 2>&1 | head -1
+
+demo: $(VENV)/.installed java
+	$(VENV)/bin/cdcflow demo --duration $(DURATION)
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check src tests bench
+	$(PY) -m mypy
+
+test: $(VENV)/.installed java lint
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	for script in bench/bench_*.py; do $(PY) $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) demo-output .pytest_cache .mypy_cache .ruff_cache

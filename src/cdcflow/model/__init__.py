@@ -1,0 +1,1 @@
+"""Pure data and rules: column types, schemas, records, partitions. No I/O."""

@@ -1,0 +1,54 @@
+"""Timestamps as integer microseconds since the Unix epoch, and their RFC 3339 text form."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from cdcflow.errors import InvalidArgument
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_micros(ts: datetime) -> int:
+    """Microseconds since the epoch of an aware datetime (naive values are rejected)."""
+    if ts.tzinfo is None:
+        raise InvalidArgument(f"timestamp {ts!r} has no timezone; pass an aware UTC datetime")
+    delta = ts - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(micros: int) -> datetime:
+    """The UTC datetime of `micros` microseconds since the epoch."""
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def format_rfc3339(ts: datetime | int) -> str:
+    """`2022-09-27T12:30:00.123456Z`: microseconds always present, UTC as `Z`."""
+    if isinstance(ts, int):
+        ts = from_micros(ts)
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """Parse RFC 3339 / ISO 8601 text (`Z` or an offset; a bare value counts as UTC)."""
+    raw = text.strip()
+    candidate = raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw
+    candidate = candidate.replace(" ", "T", 1) if "T" not in candidate else candidate
+    try:
+        parsed = datetime.fromisoformat(candidate)
+    except ValueError:
+        raise InvalidArgument(
+            f"timestamp {text!r} is not RFC 3339 text such as '2022-09-27T12:30:00.123456Z'"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def as_datetime(value: datetime | str) -> datetime:
+    """Accept an aware datetime or RFC 3339 text; return an aware UTC datetime."""
+    if isinstance(value, str):
+        return parse_timestamp(value)
+    if value.tzinfo is None:
+        raise InvalidArgument(f"timestamp {value!r} has no timezone; pass an aware UTC datetime")
+    return value.astimezone(UTC)

@@ -1,0 +1,283 @@
+"""Column types of the embedded database, value validation and the JSON value encoding.
+
+Values travel in change records and row storage in the Spanner JSON encoding:
+INT64 and BOOL as JSON numbers/booleans, FLOAT64 as numbers (or "NaN", "Infinity", "-Infinity"),
+BYTES as base64, DATE as "YYYY-MM-DD", TIMESTAMP as RFC 3339 with microseconds and `Z`,
+NUMERIC as a decimal string, JSON as its canonical JSON text, ARRAY as a JSON list.
+`column_types` in each record carries the type, so every value decodes without guessing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final
+
+from cdcflow.errors import InvalidArgument, TypeMismatch
+from cdcflow.model.timestamps import format_rfc3339, parse_timestamp
+
+SCALAR_CODES: Final = frozenset(
+    {"INT64", "FLOAT64", "BOOL", "STRING", "BYTES", "DATE", "TIMESTAMP", "NUMERIC", "JSON"}
+)
+MAX_STRING_LENGTH: Final = 2_621_440
+MAX_BYTES_LENGTH: Final = 10_485_760
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+_NUMERIC_MAX_INTEGER_DIGITS: Final = 29
+_NUMERIC_MAX_SCALE: Final = 9
+
+
+class CommitTimestampPlaceholder:
+    """Written into a TIMESTAMP column with allow_commit_timestamp; becomes the commit time."""
+
+    _instance: CommitTimestampPlaceholder | None = None
+
+    def __new__(cls) -> CommitTimestampPlaceholder:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "COMMIT_TIMESTAMP"
+
+
+COMMIT_TIMESTAMP: Final = CommitTimestampPlaceholder()
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    """A column type: a scalar code, a length for STRING/BYTES (None = MAX), or an ARRAY element."""
+
+    code: str
+    length: int | None = None
+    element: ColumnType | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The Spanner API type structure, e.g. {"code": "STRING"}; arrays nest their element."""
+        if self.code == "ARRAY":
+            assert self.element is not None
+            return {"code": "ARRAY", "array_element_type": self.element.to_json()}
+        return {"code": self.code}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> ColumnType:
+        if data["code"] == "ARRAY":
+            return ColumnType("ARRAY", element=ColumnType.from_json(data["array_element_type"]))
+        return ColumnType(str(data["code"]))
+
+    def ddl(self) -> str:
+        """The type as DDL text, e.g. STRING(MAX) or ARRAY<INT64>."""
+        if self.code == "ARRAY":
+            assert self.element is not None
+            return f"ARRAY<{self.element.ddl()}>"
+        if self.code in ("STRING", "BYTES"):
+            return f"{self.code}({'MAX' if self.length is None else self.length})"
+        return self.code
+
+
+def validate_value(value: Any, ctype: ColumnType, column: str) -> Any:
+    """Check `value` against `ctype`; return it normalised (ints to float for FLOAT64, ...).
+
+    None is returned as is: NOT NULL is the schema's rule, not the type's.
+    """
+    if value is None:
+        return None
+    if ctype.code == "ARRAY":
+        if not isinstance(value, list | tuple):
+            raise _mismatch(value, ctype, column)
+        assert ctype.element is not None
+        return [validate_value(v, ctype.element, column) for v in value]
+    checker = _VALIDATORS[ctype.code]
+    return checker(value, ctype, column)
+
+
+def _mismatch(value: Any, ctype: ColumnType, column: str, rule: str = "") -> TypeMismatch:
+    extra = f": {rule}" if rule else ""
+    return TypeMismatch(
+        f"value {value!r} ({type(value).__name__}) does not fit column {column!r} "
+        f"of type {ctype.ddl()}{extra}"
+    )
+
+
+def _check_int(value: Any, ctype: ColumnType, column: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _mismatch(value, ctype, column)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise _mismatch(value, ctype, column, "INT64 holds -2^63..2^63-1")
+    return value
+
+
+def _check_float(value: Any, ctype: ColumnType, column: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _mismatch(value, ctype, column)
+    return float(value)
+
+
+def _check_bool(value: Any, ctype: ColumnType, column: str) -> bool:
+    if not isinstance(value, bool):
+        raise _mismatch(value, ctype, column)
+    return value
+
+
+def _check_string(value: Any, ctype: ColumnType, column: str) -> str:
+    if not isinstance(value, str):
+        raise _mismatch(value, ctype, column)
+    limit = ctype.length if ctype.length is not None else MAX_STRING_LENGTH
+    if len(value) > limit:
+        raise _mismatch(
+            f"{value[:20]}...", ctype, column, f"{len(value)} characters exceed the limit {limit}"
+        )
+    return value
+
+
+def _check_bytes(value: Any, ctype: ColumnType, column: str) -> bytes:
+    if not isinstance(value, bytes | bytearray):
+        raise _mismatch(value, ctype, column)
+    limit = ctype.length if ctype.length is not None else MAX_BYTES_LENGTH
+    if len(value) > limit:
+        raise _mismatch(value[:20], ctype, column, f"{len(value)} bytes exceed the limit {limit}")
+    return bytes(value)
+
+
+def _check_date(value: Any, ctype: ColumnType, column: str) -> date:
+    if isinstance(value, datetime) or not isinstance(value, date):
+        raise _mismatch(value, ctype, column, "pass a datetime.date")
+    return value
+
+
+def _check_timestamp(value: Any, ctype: ColumnType, column: str) -> datetime | Any:
+    if value is COMMIT_TIMESTAMP:
+        return value
+    if not isinstance(value, datetime):
+        raise _mismatch(value, ctype, column, "pass an aware datetime")
+    if value.tzinfo is None:
+        raise _mismatch(value, ctype, column, "the datetime needs a timezone (UTC)")
+    return parse_timestamp(format_rfc3339(value))
+
+
+def _check_numeric(value: Any, ctype: ColumnType, column: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | str | Decimal):
+        raise _mismatch(value, ctype, column, "pass a Decimal, int or decimal string")
+    try:
+        number = Decimal(value)
+    except InvalidOperation:
+        raise _mismatch(value, ctype, column, "not a decimal number") from None
+    if not number.is_finite():
+        raise _mismatch(value, ctype, column, "NUMERIC is finite")
+    _sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)
+    scale = max(0, -exponent)
+    integer_digits = max(0, len(digits) + exponent)
+    if scale > _NUMERIC_MAX_SCALE or integer_digits > _NUMERIC_MAX_INTEGER_DIGITS:
+        raise _mismatch(
+            value, ctype, column, "NUMERIC has at most 29 integer digits and 9 fractional digits"
+        )
+    return number
+
+
+def _check_json(value: Any, ctype: ColumnType, column: str) -> Any:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise _mismatch(value, ctype, column, "not serialisable as JSON") from None
+    return value
+
+
+_VALIDATORS: Final = {
+    "INT64": _check_int,
+    "FLOAT64": _check_float,
+    "BOOL": _check_bool,
+    "STRING": _check_string,
+    "BYTES": _check_bytes,
+    "DATE": _check_date,
+    "TIMESTAMP": _check_timestamp,
+    "NUMERIC": _check_numeric,
+    "JSON": _check_json,
+}
+
+
+def encode_value(value: Any, ctype: ColumnType) -> Any:
+    """A validated Python value in the JSON value encoding described in the module docstring."""
+    if value is None:
+        return None
+    match ctype.code:
+        case "ARRAY":
+            assert ctype.element is not None
+            return [encode_value(v, ctype.element) for v in value]
+        case "FLOAT64":
+            if math.isnan(value):
+                return "NaN"
+            if math.isinf(value):
+                return "Infinity" if value > 0 else "-Infinity"
+            return value
+        case "BYTES":
+            return base64.b64encode(value).decode("ascii")
+        case "DATE":
+            return value.isoformat()
+        case "TIMESTAMP":
+            return format_rfc3339(value)
+        case "NUMERIC":
+            return format(value, "f")
+        case "JSON":
+            return json.dumps(value, sort_keys=True, separators=(",", ":"))
+        case _:
+            return value
+
+
+def decode_value(encoded: Any, ctype: ColumnType) -> Any:
+    """The Python value of a JSON-encoded value of type `ctype` (inverse of `encode_value`)."""
+    if encoded is None:
+        return None
+    match ctype.code:
+        case "ARRAY":
+            assert ctype.element is not None
+            return [decode_value(v, ctype.element) for v in encoded]
+        case "FLOAT64":
+            return float(encoded)
+        case "BYTES":
+            return base64.b64decode(encoded)
+        case "DATE":
+            return date.fromisoformat(encoded)
+        case "TIMESTAMP":
+            return parse_timestamp(encoded)
+        case "NUMERIC":
+            return Decimal(encoded)
+        case "JSON":
+            return json.loads(encoded)
+        case _:
+            return encoded
+
+
+def parse_type(text: str) -> ColumnType:
+    """Parse DDL type text such as `STRING(MAX)`, `BYTES(16)`, `ARRAY<INT64>`."""
+    raw = text.strip()
+    upper = raw.upper()
+    if upper.startswith("ARRAY<") and upper.endswith(">"):
+        element = parse_type(raw[6:-1])
+        if element.code == "ARRAY":
+            raise InvalidArgument(f"type {text!r} nests arrays; ARRAY<ARRAY<...>> is not supported")
+        return ColumnType("ARRAY", element=element)
+    if upper.startswith(("STRING", "BYTES")):
+        code = "STRING" if upper.startswith("STRING") else "BYTES"
+        rest = upper[len(code) :].replace(" ", "")
+        if not (rest.startswith("(") and rest.endswith(")")):
+            raise InvalidArgument(f"type {text!r} needs a length: {code}(n) or {code}(MAX)")
+        inner = rest[1:-1]
+        if inner == "MAX":
+            return ColumnType(code)
+        if not inner.isdigit() or int(inner) < 1:
+            raise InvalidArgument(f"type {text!r}: the length must be a positive integer or MAX")
+        limit = MAX_STRING_LENGTH if code == "STRING" else MAX_BYTES_LENGTH
+        if int(inner) > limit:
+            raise InvalidArgument(f"type {text!r}: the length exceeds the maximum {limit}")
+        return ColumnType(code, length=int(inner))
+    if upper in SCALAR_CODES:
+        return ColumnType(upper)
+    raise InvalidArgument(
+        f"unknown column type {text!r}; use one of INT64, FLOAT64, BOOL, STRING(n|MAX), "
+        "BYTES(n|MAX), DATE, TIMESTAMP, NUMERIC, JSON, ARRAY<...>"
+    )

@@ -1,0 +1,1 @@
+"""The embedded change-stream database on SQLite (WAL): DDL, transactions, partitions, reads."""

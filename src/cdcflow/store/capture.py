@@ -1,0 +1,152 @@
+"""Turn the net row changes of one transaction into data change records (CS-7).
+
+Pure: no I/O. One record per (stream, table, mod_type, partition) group, in order of first
+appearance; `record_sequence` numbers the records of one stream's transaction from 0, so it
+increases strictly across all of that transaction's partitions.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_sequence
+from cdcflow.model.schema import ChangeStreamDef, TableSchema
+
+
+@dataclass(slots=True)
+class RowChange:
+    """The net effect of one transaction on one row; rows are JSON-encoded column dicts."""
+
+    schema: TableSchema
+    encoded_key: str
+    key_hash: int
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    written: set[str] = field(default_factory=set)
+
+    @property
+    def mod_type(self) -> str | None:
+        if self.before is None:
+            return None if self.after is None else "INSERT"
+        return "DELETE" if self.after is None else "UPDATE"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRanges:
+    """Active partitions of one stream: sorted range starts and their tokens, for bisecting."""
+
+    starts: tuple[int, ...]
+    tokens: tuple[str, ...]
+
+    def token_for(self, position: int) -> str:
+        return self.tokens[bisect.bisect_right(self.starts, position) - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """A record ready for the log: stream, partition token, sequence number, record."""
+
+    stream: str
+    token: str
+    sequence: int
+    record: DataChangeRecord
+
+
+def build_mod(change: RowChange, watched: tuple[str, ...], capture: str) -> Mod | None:
+    """The mod of one row change for a stream, or None when the stream does not see it."""
+    mod_type = change.mod_type
+    schema = change.schema
+    row = change.after if change.after is not None else change.before
+    assert row is not None and mod_type is not None
+    keys = {name: row[name] for name in schema.primary_key}
+    before = change.before or {}
+    after = change.after or {}
+    whole_new = {c: after.get(c) for c in watched}
+    whole_old = {c: before.get(c) for c in watched}
+    if mod_type == "INSERT":
+        return Mod(keys, whole_new, {})
+    if mod_type == "DELETE":
+        keeps_old = capture in ("OLD_AND_NEW_VALUES", "NEW_ROW_AND_OLD_VALUES")
+        return Mod(keys, {}, whole_old if keeps_old else {})
+    modified = [c for c in watched if c in change.written]
+    if not modified:
+        return None
+    new_modified = {c: after.get(c) for c in modified}
+    old_modified = {c: before.get(c) for c in modified}
+    match capture:
+        case "OLD_AND_NEW_VALUES":
+            return Mod(keys, new_modified, old_modified)
+        case "NEW_VALUES":
+            return Mod(keys, new_modified, {})
+        case "NEW_ROW":
+            return Mod(keys, whole_new, {})
+        case _:
+            return Mod(keys, whole_new, old_modified)
+
+
+def column_types(schema: TableSchema, watched: tuple[str, ...]) -> tuple[ColumnTypeInfo, ...]:
+    names = [*schema.primary_key, *watched]
+    return tuple(
+        ColumnTypeInfo(n, schema.column(n).type, n in schema.primary_key, schema.ordinal(n))
+        for n in sorted(names, key=schema.ordinal)
+    )
+
+
+def build_records(
+    changes: list[RowChange],
+    streams: list[ChangeStreamDef],
+    ranges_of: Callable[[str], PartitionRanges],
+    commit_timestamp: datetime,
+    transaction_id: str,
+) -> list[LogEntry]:
+    """Every stream's records for a transaction's row changes."""
+    entries: list[LogEntry] = []
+    for stream in sorted(streams, key=lambda s: s.name):
+        groups: dict[tuple[str, str, str], list[Mod]] = {}
+        for change in changes:
+            if not stream.watches(change.schema.name) or change.mod_type is None:
+                continue
+            watched = stream.watched_columns(change.schema)
+            mod = build_mod(change, watched, stream.value_capture_type)
+            if mod is None:
+                continue
+            token = ranges_of(stream.name).token_for(change.key_hash)
+            assert change.mod_type is not None
+            groups.setdefault((change.schema.name, change.mod_type, token), []).append(mod)
+        entries.extend(_stream_records(stream, groups, changes, commit_timestamp, transaction_id))
+    return entries
+
+
+def _stream_records(
+    stream: ChangeStreamDef,
+    groups: dict[tuple[str, str, str], list[Mod]],
+    changes: list[RowChange],
+    commit_timestamp: datetime,
+    transaction_id: str,
+) -> list[LogEntry]:
+    schemas = {c.schema.name: c.schema for c in changes}
+    keys = list(groups)
+    partitions = {token for _, _, token in keys}
+    last_in_partition = {token: i for i, (_, _, token) in enumerate(keys)}
+    entries = []
+    for index, (table, mod_type, token) in enumerate(keys):
+        schema = schemas[table]
+        record = DataChangeRecord(
+            commit_timestamp=commit_timestamp,
+            record_sequence=format_sequence(index),
+            server_transaction_id=transaction_id,
+            is_last_record_in_transaction_in_partition=last_in_partition[token] == index,
+            table_name=table,
+            column_types=column_types(schema, stream.watched_columns(schema)),
+            mods=tuple(groups[(table, mod_type, token)]),
+            mod_type=mod_type,
+            value_capture_type=stream.value_capture_type,
+            number_of_records_in_transaction=len(keys),
+            number_of_partitions_in_transaction=len(partitions),
+        )
+        entries.append(LogEntry(stream.name, token, index, record))
+    return entries

@@ -1,0 +1,241 @@
+"""The catalog: tables and change streams stored in SQLite, and DDL applied to them.
+
+Every DDL statement runs inside the caller's write transaction and bumps `schema_version`, so
+other processes notice and reload their cached `Catalog` at their next transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, replace
+
+from cdcflow.errors import AlreadyExists, DdlError, FailedPrecondition, NotFound
+from cdcflow.model.schema import (
+    ChangeStreamDef,
+    TableSchema,
+    check_retention,
+    check_value_capture_type,
+)
+from cdcflow.store import partition_map
+from cdcflow.store.ddl import (
+    AddColumn,
+    AlterChangeStream,
+    CreateChangeStream,
+    CreateTable,
+    DropChangeStream,
+    DropTable,
+    Statement,
+    StreamScope,
+    parse_duration_micros,
+)
+from cdcflow.store.sqlite import create_row_storage, read_meta, storage_name, write_meta
+
+DEFAULT_RETENTION = "1d"
+INTERNAL_PREFIX = "__"
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """A snapshot of the schema: tables (with their row storage) and change streams."""
+
+    version: int
+    tables: dict[str, tuple[TableSchema, str]]
+    streams: dict[str, ChangeStreamDef]
+
+    def table(self, name: str) -> TableSchema:
+        if name not in self.tables:
+            raise NotFound(f"table {name!r} does not exist; tables are {sorted(self.tables)}")
+        return self.tables[name][0]
+
+    def storage(self, name: str) -> str:
+        self.table(name)
+        return self.tables[name][1]
+
+    def stream(self, name: str) -> ChangeStreamDef:
+        if name not in self.streams:
+            visible = sorted(s for s in self.streams if not s.startswith(INTERNAL_PREFIX))
+            raise NotFound(f"change stream {name!r} does not exist; streams are {visible}")
+        return self.streams[name]
+
+    def streams_watching(self, table: str) -> list[ChangeStreamDef]:
+        return [s for s in self.streams.values() if s.watches(table)]
+
+
+def load_catalog(conn: sqlite3.Connection, version: int) -> Catalog:
+    tables = {
+        name: (TableSchema.from_json(json.loads(schema)), storage)
+        for name, schema, storage in conn.execute("SELECT name, schema, storage FROM _tables")
+    }
+    streams = {
+        name: ChangeStreamDef.from_json(json.loads(definition))
+        for name, definition in conn.execute("SELECT name, definition FROM _streams")
+    }
+    return Catalog(version, tables, streams)
+
+
+def next_commit_micros(conn: sqlite3.Connection, now_micros: int) -> int:
+    """Allocate the next commit timestamp under the write lock: strictly after every earlier
+    commit and after every heartbeat promise (`closed_micros`)."""
+    meta = read_meta(conn)
+    micros = max(now_micros, int(meta["last_commit_micros"]) + 1, int(meta["closed_micros"]) + 1)
+    write_meta(conn, {"last_commit_micros": micros})
+    return micros
+
+
+def apply_statement(
+    conn: sqlite3.Connection,
+    catalog: Catalog,
+    statement: Statement,
+    now_micros: int,
+    initial_partitions: int,
+) -> None:
+    """Apply one parsed DDL statement inside the caller's write transaction."""
+    match statement:
+        case CreateTable(schema):
+            _check_user_name(schema.name, "table")
+            if schema.name in catalog.tables:
+                raise AlreadyExists(f"table {schema.name!r} exists already")
+            number = int(read_meta(conn)["storage_counter"]) + 1
+            storage = storage_name(number)
+            create_row_storage(conn, storage)
+            conn.execute(
+                "INSERT INTO _tables(name, schema, storage) VALUES (?, ?, ?)",
+                (schema.name, json.dumps(schema.to_json()), storage),
+            )
+            write_meta(conn, {"storage_counter": number})
+        case DropTable(name):
+            _drop_table(conn, catalog, name)
+        case AddColumn(table, column):
+            schema = catalog.table(table)
+            if schema.has_column(column.name):
+                raise AlreadyExists(f"column {column.name!r} exists already in table {table!r}")
+            if column.not_null:
+                raise DdlError(
+                    f"ALTER TABLE {table} ADD COLUMN {column.name} NOT NULL is not allowed: "
+                    "existing rows would hold NULL"
+                )
+            grown = replace(schema, columns=(*schema.columns, column))
+            conn.execute(
+                "UPDATE _tables SET schema = ? WHERE name = ?",
+                (json.dumps(grown.to_json()), table),
+            )
+        case CreateChangeStream(name, scope, options):
+            _check_user_name(name, "change stream")
+            create_stream(conn, catalog, name, scope, options, now_micros, initial_partitions)
+        case AlterChangeStream(name, scope, options):
+            _alter_stream(conn, catalog, name, scope, options)
+        case DropChangeStream(name):
+            drop_stream(conn, catalog, name)
+    bump_schema_version(conn)
+
+
+def bump_schema_version(conn: sqlite3.Connection) -> None:
+    conn.execute("UPDATE _meta SET value = value + 1 WHERE key = 'schema_version'")
+
+
+def create_stream(
+    conn: sqlite3.Connection,
+    catalog: Catalog,
+    name: str,
+    scope: StreamScope,
+    options: tuple[tuple[str, str], ...],
+    now_micros: int,
+    initial_partitions: int,
+    internal: bool = False,
+) -> ChangeStreamDef:
+    if name in catalog.streams:
+        raise AlreadyExists(f"change stream {name!r} exists already")
+    _check_scope(catalog, scope)
+    retention, capture = _stream_options(options, DEFAULT_RETENTION, "OLD_AND_NEW_VALUES")
+    created = next_commit_micros(conn, now_micros)
+    definition = ChangeStreamDef(
+        name, scope.for_all, scope.tables, retention, capture, created, internal
+    )
+    conn.execute(
+        "INSERT INTO _streams(name, definition, policy_checked_micros) VALUES (?, ?, ?)",
+        (name, json.dumps(definition.to_json()), created),
+    )
+    partition_map.create_initial(conn, name, initial_partitions, created)
+    return definition
+
+
+def drop_stream(conn: sqlite3.Connection, catalog: Catalog, name: str) -> None:
+    catalog.stream(name)
+    for table in ("_streams", "_partitions", "_log"):
+        column = "name" if table == "_streams" else "stream"
+        conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
+    partition_map.bump_version(conn)
+
+
+def _alter_stream(
+    conn: sqlite3.Connection,
+    catalog: Catalog,
+    name: str,
+    scope: StreamScope | None,
+    options: tuple[tuple[str, str], ...] | None,
+) -> None:
+    current = catalog.stream(name)
+    _check_user_name(name, "change stream")
+    altered = current
+    if scope is not None:
+        _check_scope(catalog, scope)
+        altered = replace(altered, for_all=scope.for_all, tables=scope.tables)
+    if options is not None:
+        retention_text = f"{current.retention_micros // 1_000_000}s"
+        retention, capture = _stream_options(
+            options, retention_text, current.value_capture_type
+        )
+        altered = replace(altered, retention_micros=retention, value_capture_type=capture)
+    conn.execute(
+        "UPDATE _streams SET definition = ? WHERE name = ?",
+        (json.dumps(altered.to_json()), name),
+    )
+
+
+def _drop_table(conn: sqlite3.Connection, catalog: Catalog, name: str) -> None:
+    catalog.table(name)
+    watchers = [
+        s.name for s in catalog.streams.values() if any(t == name for t, _ in s.tables)
+    ]
+    if watchers:
+        raise FailedPrecondition(
+            f"table {name!r} is watched explicitly by change streams {watchers}; "
+            "ALTER or DROP those streams first"
+        )
+    conn.execute(f"DROP TABLE {catalog.storage(name)}")
+    conn.execute("DELETE FROM _tables WHERE name = ?", (name,))
+    conn.execute("DELETE FROM _shard_streams WHERE table_name = ?", (name,))
+
+
+def _check_scope(catalog: Catalog, scope: StreamScope) -> None:
+    for table, columns in scope.tables:
+        schema = catalog.table(table)
+        for column in columns or ():
+            schema.column(column)
+            if column in schema.primary_key:
+                raise DdlError(
+                    f"column {column!r} is a key column of {table!r}; key columns are always "
+                    "captured and cannot be listed"
+                )
+
+
+def _stream_options(
+    options: tuple[tuple[str, str], ...], retention_default: str, capture_default: str
+) -> tuple[int, str]:
+    values = dict(options)
+    unknown = set(values) - {"retention_period", "value_capture_type"}
+    if unknown:
+        raise DdlError(
+            f"unknown change stream options {sorted(unknown)}; "
+            "use retention_period and value_capture_type"
+        )
+    retention_text = values.get("retention_period", retention_default)
+    retention = check_retention(parse_duration_micros(retention_text), retention_text)
+    capture = check_value_capture_type(values.get("value_capture_type", capture_default))
+    return retention, capture
+
+
+def _check_user_name(name: str, kind: str) -> None:
+    if name.startswith(INTERNAL_PREFIX):
+        raise DdlError(f"{kind} name {name!r} starts with {INTERNAL_PREFIX!r}, which is reserved")

@@ -1,0 +1,122 @@
+"""Commit: apply buffered mutations and append their change records in ONE SQLite
+transaction (CS-1). Either the data and its records both exist, or neither does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from cdcflow.model.partitions import PartitionPolicy
+from cdcflow.model.schema import key_hash
+from cdcflow.model.timestamps import format_rfc3339, from_micros
+from cdcflow.store import partition_map, retention
+from cdcflow.store.capture import LogEntry, RowChange, build_records
+from cdcflow.store.catalog import Catalog, next_commit_micros
+from cdcflow.store.mutations import Mutation, apply_mutation, validate_mutation
+from cdcflow.store.rows import latest_version, write_version
+from cdcflow.store.session import Session
+from cdcflow.store.sqlite import LOG_DATA, write_meta, write_transaction
+
+GC_INTERVAL_MICROS = 10 * 1_000_000
+
+
+def commit_mutations(session: Session, mutations: list[Mutation], now_micros: int) -> int:
+    """Apply `mutations` atomically; return the commit timestamp in microseconds."""
+    conn = session.conn
+    with write_transaction(conn):
+        catalog = session.refresh()
+        micros = next_commit_micros(conn, now_micros)
+        changes = _net_changes(session, catalog, mutations, format_rfc3339(micros))
+        for change in changes:
+            write_version(
+                conn,
+                catalog.storage(change.schema.name),
+                change.encoded_key,
+                micros,
+                change.key_hash,
+                change.after,
+            )
+        counter = int(session.meta["txn_counter"]) + 1
+        write_meta(conn, {"txn_counter": counter})
+        streams = {s.name: s for c in changes for s in catalog.streams_watching(c.schema.name)}
+        entries = build_records(
+            changes, list(streams.values()), session.ranges_of, from_micros(micros), str(counter)
+        )
+        _append(session, entries, micros)
+        policy = PartitionPolicy.from_json(json.loads(session.meta["partition_policy"]))
+        for name in {e.stream for e in entries}:
+            apply_policy(session, name, policy, micros)
+        if micros - int(session.meta["gc_micros"]) >= GC_INTERVAL_MICROS:
+            retention.expire_change_records(conn, catalog, micros)
+            retention.expire_row_versions(conn, catalog, micros)
+            write_meta(conn, {"gc_micros": micros})
+    return micros
+
+
+def _net_changes(
+    session: Session, catalog: Catalog, mutations: list[Mutation], commit_text: str
+) -> list[RowChange]:
+    """One RowChange per touched row, in order of first touch, with the net before/after."""
+    changes: dict[tuple[str, str], RowChange] = {}
+    for raw in mutations:
+        schema = catalog.table(raw.table)
+        mutation = validate_mutation(schema, raw)
+        encoded_key = schema.encode_key(schema.key_of(mutation.values))
+        change = changes.get((schema.name, encoded_key))
+        if change is None:
+            current = latest_version(session.conn, catalog.storage(schema.name), encoded_key)
+            change = RowChange(
+                schema, encoded_key, key_hash(schema.name, encoded_key), current, current
+            )
+            changes[(schema.name, encoded_key)] = change
+        change.after = apply_mutation(schema, mutation, change.after, commit_text)
+        if mutation.kind == "replace":
+            change.written |= {c.name for c in schema.non_key_columns}
+        elif mutation.kind != "delete":
+            change.written |= set(mutation.values) - set(schema.primary_key)
+    return [c for c in changes.values() if not (c.before is None and c.after is None)]
+
+
+def _append(session: Session, entries: list[LogEntry], micros: int) -> None:
+    session.conn.executemany(
+        "INSERT INTO _log(stream, token, commit_micros, seq, kind, body) VALUES (?,?,?,?,?,?)",
+        [
+            (e.stream, e.token, micros, e.sequence, LOG_DATA, json.dumps(e.record.to_dict()))
+            for e in entries
+        ],
+    )
+    per_partition: Counter[tuple[str, str]] = Counter((e.stream, e.token) for e in entries)
+    by_stream: dict[str, dict[str, int]] = {}
+    for (stream, token), count in per_partition.items():
+        by_stream.setdefault(stream, {})[token] = count
+    for stream, counts in by_stream.items():
+        partition_map.add_records(session.conn, stream, counts)
+
+
+def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros: int) -> None:
+    """Split and merge per the policy, at most once per check interval per stream."""
+    if not policy.auto:
+        return
+    conn = session.conn
+    (checked,) = conn.execute(
+        "SELECT policy_checked_micros FROM _streams WHERE name = ?", (stream,)
+    ).fetchone()
+    if micros - int(checked) < policy.check_interval_seconds * 1_000_000:
+        return
+    active = partition_map.active_partitions(conn, stream)
+    changed = False
+    for candidate in partition_map.split_candidates(active, policy):
+        partition_map.split(conn, stream, candidate.token, None, next_commit_micros(conn, micros))
+        changed = True
+    if not changed:
+        pair = partition_map.merge_candidate(active, policy, micros)
+        if pair is not None:
+            at = next_commit_micros(conn, micros)
+            partition_map.merge(conn, stream, [pair[0].token, pair[1].token], at)
+            changed = True
+    conn.execute("UPDATE _streams SET policy_checked_micros = ? WHERE name = ?", (micros, stream))
+    if changed:
+        session.ranges.pop(stream, None)
+
+

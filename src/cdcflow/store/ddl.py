@@ -1,0 +1,340 @@
+"""A parser for the DDL subset of the embedded database.
+
+Statements: CREATE TABLE, DROP TABLE, ALTER TABLE ... ADD COLUMN, CREATE CHANGE STREAM,
+ALTER CHANGE STREAM (SET FOR / SET OPTIONS / DROP FOR ALL), DROP CHANGE STREAM.
+Parsing is pure: it returns statement values; `cdcflow.store.catalog` applies them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cdcflow.errors import DdlError
+from cdcflow.model.schema import MAX_PRIMARY_KEY_COLUMNS, Column, TableSchema
+from cdcflow.model.types import ColumnType
+
+_TOKEN = re.compile(
+    r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|`(?P<quoted>[^`]+)`|(?P<number>\d+)"
+    r"|'(?P<squote>[^']*)'|\"(?P<dquote>[^\"]*)\"|(?P<sym>[(),<>=;]))"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    kind: str  # ident, number, string, sym
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTable:
+    schema: TableSchema
+
+
+@dataclass(frozen=True, slots=True)
+class DropTable:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddColumn:
+    table: str
+    column: Column
+
+
+@dataclass(frozen=True, slots=True)
+class StreamScope:
+    """What a change stream watches: FOR ALL, or tables each with an optional column list."""
+
+    for_all: bool
+    tables: tuple[tuple[str, tuple[str, ...] | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateChangeStream:
+    name: str
+    scope: StreamScope
+    options: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterChangeStream:
+    name: str
+    scope: StreamScope | None
+    options: tuple[tuple[str, str], ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class DropChangeStream:
+    name: str
+
+
+Statement = (
+    CreateTable | DropTable | AddColumn | CreateChangeStream | AlterChangeStream | DropChangeStream
+)
+_NOTHING = StreamScope(for_all=False, tables=())
+
+
+def tokenize(text: str) -> list[Token]:
+    tokens: list[Token] = []
+    position = 0
+    stripped = text.rstrip()
+    while position < len(stripped):
+        match = _TOKEN.match(stripped, position)
+        if match is None or match.end() == position:
+            raise DdlError(f"cannot parse DDL at {stripped[position:position + 30]!r} in {text!r}")
+        position = match.end()
+        if match["ident"] is not None:
+            tokens.append(Token("ident", match["ident"]))
+        elif match["quoted"] is not None:
+            tokens.append(Token("quoted", match["quoted"]))
+        elif match["number"] is not None:
+            tokens.append(Token("number", match["number"]))
+        elif match["squote"] is not None or match["dquote"] is not None:
+            tokens.append(Token("string", match["squote"] or match["dquote"] or ""))
+        else:
+            tokens.append(Token("sym", match["sym"]))
+    while tokens and tokens[-1] == Token("sym", ";"):
+        tokens.pop()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = tokenize(text)
+        self.index = 0
+
+    def error(self, expected: str) -> DdlError:
+        found = self.tokens[self.index].text if self.index < len(self.tokens) else "end of input"
+        return DdlError(f"expected {expected} but found {found!r} in DDL {self.text!r}")
+
+    def peek_word(self) -> str | None:
+        if self.index < len(self.tokens) and self.tokens[self.index].kind == "ident":
+            return self.tokens[self.index].text.upper()
+        return None
+
+    def accept_word(self, *words: str) -> bool:
+        saved = self.index
+        for word in words:
+            if self.peek_word() != word:
+                self.index = saved
+                return False
+            self.index += 1
+        return True
+
+    def expect_word(self, *words: str) -> None:
+        if not self.accept_word(*words):
+            raise self.error(" ".join(words))
+
+    def accept_sym(self, sym: str) -> bool:
+        if self.index < len(self.tokens) and self.tokens[self.index] == Token("sym", sym):
+            self.index += 1
+            return True
+        return False
+
+    def expect_sym(self, sym: str) -> None:
+        if not self.accept_sym(sym):
+            raise self.error(repr(sym))
+
+    def name(self) -> str:
+        if self.index < len(self.tokens) and self.tokens[self.index].kind in ("ident", "quoted"):
+            self.index += 1
+            return self.tokens[self.index - 1].text
+        raise self.error("a name")
+
+    def value(self) -> str:
+        if self.index < len(self.tokens) and self.tokens[self.index].kind != "sym":
+            self.index += 1
+            return self.tokens[self.index - 1].text
+        raise self.error("an option value")
+
+    def end(self) -> None:
+        if self.index != len(self.tokens):
+            raise self.error("end of statement")
+
+    def column_type(self) -> ColumnType:
+        word = self.peek_word()
+        if word is None:
+            raise self.error("a column type")
+        self.index += 1
+        if word == "ARRAY":
+            self.expect_sym("<")
+            element = self.column_type()
+            self.expect_sym(">")
+            if element.code == "ARRAY":
+                raise DdlError(f"nested ARRAY types are not supported in DDL {self.text!r}")
+            return ColumnType("ARRAY", element=element)
+        if word in ("STRING", "BYTES"):
+            self.expect_sym("(")
+            size = self.value()
+            self.expect_sym(")")
+            if size.upper() == "MAX":
+                return ColumnType(word)
+            if not size.isdigit() or int(size) < 1:
+                raise DdlError(f"{word} length {size!r} must be a positive integer or MAX")
+            return ColumnType(word, length=int(size))
+        if word in ("INT64", "FLOAT64", "BOOL", "DATE", "TIMESTAMP", "NUMERIC", "JSON"):
+            return ColumnType(word)
+        raise DdlError(
+            f"unknown column type {word!r} in DDL {self.text!r}; use INT64, FLOAT64, BOOL, "
+            "STRING(n|MAX), BYTES(n|MAX), DATE, TIMESTAMP, NUMERIC, JSON or ARRAY<...>"
+        )
+
+    def options(self) -> tuple[tuple[str, str], ...]:
+        self.expect_sym("(")
+        pairs: list[tuple[str, str]] = []
+        while True:
+            key = self.name().lower()
+            self.expect_sym("=")
+            pairs.append((key, self.value()))
+            if not self.accept_sym(","):
+                break
+        self.expect_sym(")")
+        return tuple(pairs)
+
+    def column(self) -> Column:
+        name = self.name()
+        ctype = self.column_type()
+        not_null = self.accept_word("NOT", "NULL")
+        allow_commit_timestamp = False
+        if self.accept_word("OPTIONS"):
+            for key, value in self.options():
+                allowed = ("true", "false", "null")
+                if key != "allow_commit_timestamp" or value.lower() not in allowed:
+                    raise DdlError(
+                        f"column option {key} = {value!r} is not supported; only "
+                        "allow_commit_timestamp = true|false|null"
+                    )
+                allow_commit_timestamp = value.lower() == "true"
+        if allow_commit_timestamp and ctype.code != "TIMESTAMP":
+            raise DdlError(f"allow_commit_timestamp needs a TIMESTAMP column, not {name!r}")
+        return Column(name, ctype, not_null, allow_commit_timestamp)
+
+    def create_table(self) -> CreateTable:
+        name = self.name()
+        self.expect_sym("(")
+        columns: list[Column] = []
+        while not self.accept_sym(")"):
+            columns.append(self.column())
+            if not self.accept_sym(","):
+                self.expect_sym(")")
+                break
+        self.expect_word("PRIMARY", "KEY")
+        self.expect_sym("(")
+        key: list[str] = []
+        while not self.accept_sym(")"):
+            key.append(self.name())
+            self.accept_word("ASC") or self.accept_word("DESC")
+            if not self.accept_sym(","):
+                self.expect_sym(")")
+                break
+        self.end()
+        return CreateTable(_checked_schema(name, columns, key))
+
+    def scope(self) -> StreamScope:
+        if self.accept_word("ALL"):
+            return StreamScope(for_all=True, tables=())
+        tables: list[tuple[str, tuple[str, ...] | None]] = []
+        while True:
+            table = self.name()
+            columns: tuple[str, ...] | None = None
+            if self.accept_sym("("):
+                names: list[str] = []
+                while not self.accept_sym(")"):
+                    names.append(self.name())
+                    if not self.accept_sym(","):
+                        self.expect_sym(")")
+                        break
+                columns = tuple(names)
+            tables.append((table, columns))
+            if not self.accept_sym(","):
+                break
+        if len({t for t, _ in tables}) != len(tables):
+            raise DdlError(f"a table is listed twice in the FOR clause of {self.text!r}")
+        return StreamScope(for_all=False, tables=tuple(tables))
+
+    def statement(self) -> Statement:
+        if self.accept_word("CREATE", "TABLE"):
+            return self.create_table()
+        if self.accept_word("DROP", "TABLE"):
+            name = self.name()
+            self.end()
+            return DropTable(name)
+        if self.accept_word("ALTER", "TABLE"):
+            table = self.name()
+            self.expect_word("ADD")
+            self.accept_word("COLUMN")
+            column = self.column()
+            self.end()
+            return AddColumn(table, column)
+        if self.accept_word("CREATE", "CHANGE", "STREAM"):
+            name = self.name()
+            scope = self.scope() if self.accept_word("FOR") else _NOTHING
+            options = self.options() if self.accept_word("OPTIONS") else ()
+            self.end()
+            return CreateChangeStream(name, scope, options)
+        if self.accept_word("ALTER", "CHANGE", "STREAM"):
+            return self.alter_change_stream()
+        if self.accept_word("DROP", "CHANGE", "STREAM"):
+            name = self.name()
+            self.end()
+            return DropChangeStream(name)
+        raise self.error(
+            "CREATE TABLE, DROP TABLE, ALTER TABLE, CREATE/ALTER/DROP CHANGE STREAM"
+        )
+
+    def alter_change_stream(self) -> AlterChangeStream:
+        name = self.name()
+        if self.accept_word("DROP", "FOR", "ALL"):
+            self.end()
+            return AlterChangeStream(name, _NOTHING, None)
+        self.expect_word("SET")
+        if self.accept_word("FOR"):
+            scope = self.scope()
+            self.end()
+            return AlterChangeStream(name, scope, None)
+        self.expect_word("OPTIONS")
+        options = self.options()
+        self.end()
+        return AlterChangeStream(name, None, options)
+
+
+def _checked_schema(name: str, columns: list[Column], key: list[str]) -> TableSchema:
+    names = [c.name for c in columns]
+    if not columns:
+        raise DdlError(f"table {name!r} needs at least one column")
+    if len(set(names)) != len(names):
+        raise DdlError(f"table {name!r} declares a column twice: {names}")
+    if not 1 <= len(key) <= MAX_PRIMARY_KEY_COLUMNS:
+        raise DdlError(
+            f"table {name!r} has {len(key)} primary key columns; use 1 to "
+            f"{MAX_PRIMARY_KEY_COLUMNS}"
+        )
+    for part in key:
+        if part not in names:
+            raise DdlError(f"primary key column {part!r} is not a column of table {name!r}")
+    if len(set(key)) != len(key):
+        raise DdlError(f"primary key of table {name!r} repeats a column: {key}")
+    for column in columns:
+        if column.name in key and column.type.code in ("ARRAY", "JSON"):
+            raise DdlError(
+                f"column {column.name!r} of type {column.type.ddl()} cannot be a key column"
+            )
+    return TableSchema(name, tuple(columns), tuple(key))
+
+
+def parse_ddl(text: str) -> Statement:
+    """Parse one DDL statement; raise DdlError naming the bad token otherwise."""
+    if not text.strip():
+        raise DdlError("empty DDL statement")
+    return _Parser(text).statement()
+
+
+def parse_duration_micros(text: str) -> int:
+    """'7d', '36h', '90m', '3600s' as microseconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*([dhms])\s*", text)
+    if match is None:
+        raise DdlError(f"duration {text!r} must be a number followed by d, h, m or s, e.g. '7d'")
+    unit = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}[match[2]]
+    return int(match[1]) * unit * 1_000_000

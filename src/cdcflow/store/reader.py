@@ -1,0 +1,190 @@
+"""The change-stream query: READ_<stream>(start, end, token, heartbeat) over the log (CS-5..9).
+
+A query on a partition returns its records in (commit_timestamp, record_sequence) order, each
+once (CS-3). With end_timestamp NULL it tails: it polls for new commits, and while the partition
+is idle it returns heartbeats. A heartbeat at T is safe under concurrent writers: T never
+exceeds the snapshot's *safe time*, the larger of the last commit timestamp and the published
+`closed_micros`, and every later commit is assigned a timestamp above both (CS-8).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from cdcflow.clock import Clock
+from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
+from cdcflow.model.records import (
+    ChangeRecord,
+    ChildPartition,
+    ChildPartitionsRecord,
+    DataChangeRecord,
+    HeartbeatRecord,
+    format_sequence,
+)
+from cdcflow.model.schema import ChangeStreamDef
+from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
+from cdcflow.store import partition_map
+from cdcflow.store.session import Session
+from cdcflow.store.sqlite import LOG_CHILD, read_meta, read_transaction
+
+MIN_HEARTBEAT_MS = 1_000
+MAX_HEARTBEAT_MS = 300_000
+_BATCH = 1_000
+_POLL_MIN_S = 0.01
+_POLL_MAX_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class QueryArgs:
+    """Validated arguments of one change-stream query, in microseconds."""
+
+    stream: ChangeStreamDef
+    start_micros: int
+    end_micros: int | None
+    token: str | None
+    heartbeat_ms: int
+
+
+def validate_query(
+    session: Session,
+    stream_name: str,
+    start_micros: int,
+    end_micros: int | None,
+    token: str | None,
+    heartbeat_ms: int,
+    now_micros: int,
+) -> QueryArgs:
+    """Enforce every CS-5 argument rule; raise a typed error naming the value otherwise."""
+    with read_transaction(session.conn):
+        stream = session.refresh().stream(stream_name)
+        if token is not None:
+            partition_map.get_partition(session.conn, stream_name, token)
+    if isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int):
+        raise InvalidArgument(f"heartbeat_milliseconds {heartbeat_ms!r} must be an INT64")
+    if not MIN_HEARTBEAT_MS <= heartbeat_ms <= MAX_HEARTBEAT_MS:
+        raise InvalidArgument(
+            f"heartbeat_milliseconds {heartbeat_ms} is outside "
+            f"{MIN_HEARTBEAT_MS}..{MAX_HEARTBEAT_MS}"
+        )
+    if start_micros > now_micros:
+        raise InvalidArgument(
+            f"start_timestamp {format_rfc3339(start_micros)} is in the future "
+            f"(now is {format_rfc3339(now_micros)})"
+        )
+    earliest = max(stream.created_micros, now_micros - stream.retention_micros)
+    if start_micros < stream.created_micros:
+        raise InvalidArgument(
+            f"start_timestamp {format_rfc3339(start_micros)} is before the creation of change "
+            f"stream {stream_name!r} at {format_rfc3339(stream.created_micros)}"
+        )
+    if start_micros < earliest:
+        raise OutOfRange(
+            f"start_timestamp {format_rfc3339(start_micros)} is outside the retention period "
+            f"of change stream {stream_name!r}; the earliest valid timestamp is "
+            f"{format_rfc3339(earliest)}"
+        )
+    if end_micros is not None and end_micros < start_micros:
+        raise InvalidArgument(
+            f"end_timestamp {format_rfc3339(end_micros)} is before start_timestamp "
+            f"{format_rfc3339(start_micros)}"
+        )
+    return QueryArgs(stream, start_micros, end_micros, token, heartbeat_ms)
+
+
+def initial_partitions(session: Session, args: QueryArgs) -> ChangeRecord:
+    """The first query (NULL token): one child-partitions record naming the partitions that
+    cover `start`, with empty parent lists (CS-5)."""
+    with read_transaction(session.conn):
+        partitions = partition_map.all_partitions(session.conn, args.stream.name)
+    covering = [
+        p for p in partitions
+        if to_micros(p.start_timestamp) <= args.start_micros
+        and (p.end_timestamp is None or to_micros(p.end_timestamp) > args.start_micros)
+    ]
+    children = tuple(ChildPartition(p.token, ()) for p in covering)
+    record = ChildPartitionsRecord(from_micros(args.start_micros), format_sequence(0), children)
+    return ChangeRecord(child_partitions_record=record)
+
+
+def _child_record(body: str) -> ChangeRecord:
+    data = json.loads(body)
+    children = tuple(ChildPartition(t, tuple(parents)) for t, parents in data["children"])
+    record = ChildPartitionsRecord(from_micros(data["start_micros"]), format_sequence(0), children)
+    return ChangeRecord(child_partitions_record=record)
+
+
+def read_partition(
+    session: Session,
+    clock: Clock,
+    args: QueryArgs,
+    publish_closed: Callable[[int], int],
+) -> Iterator[ChangeRecord]:
+    """Records of one partition from `start` to `end` (or until the partition ends)."""
+    assert args.token is not None
+    conn = session.conn
+    stream, token = args.stream.name, args.token
+    after = (args.start_micros - 1, 1 << 62)
+    last_progress = to_micros(clock.now())
+    heartbeat_micros = args.heartbeat_ms * 1_000
+    poll = _POLL_MIN_S
+    promised = -1
+    while True:
+        with read_transaction(conn):
+            meta = read_meta(conn)
+            safe = max(int(meta["last_commit_micros"]), int(meta["closed_micros"]))
+            bound = safe if args.end_micros is None else min(safe, args.end_micros)
+            rows = conn.execute(
+                "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
+                "AND (commit_micros > ? OR (commit_micros = ? AND seq > ?)) "
+                "AND commit_micros <= ? ORDER BY commit_micros, seq LIMIT ?",
+                (stream, token, after[0], after[0], after[1], bound, _BATCH),
+            ).fetchall()
+            ended_at = conn.execute(
+                "SELECT end_micros FROM _partitions WHERE stream = ? AND token = ?",
+                (stream, token),
+            ).fetchone()
+        if ended_at is None:
+            raise NotFound(f"partition {token!r} of stream {stream!r} no longer exists")
+        saw_child = False
+        for micros, seq, kind, body in rows:
+            after = (micros, seq)
+            if kind == LOG_CHILD:
+                saw_child = True
+                yield _child_record(body)
+            else:
+                yield ChangeRecord(data_change_record=DataChangeRecord.from_dict(json.loads(body)))
+        if saw_child:
+            return
+        if rows:
+            last_progress = to_micros(clock.now())
+            poll = _POLL_MIN_S
+            if len(rows) == _BATCH:
+                continue
+        if args.end_micros is not None and safe >= args.end_micros:
+            return
+        if ended_at[0] is not None and ended_at[0] < args.start_micros:
+            yield from _late_children(session, stream, token)
+            return
+        now = to_micros(clock.now())
+        if not rows and now - last_progress >= heartbeat_micros:
+            if promised >= 0 and bound >= promised:
+                yield ChangeRecord(heartbeat_record=HeartbeatRecord(from_micros(bound)))
+                last_progress, promised = now, -1
+                continue
+            promised = safe if safe >= now - heartbeat_micros // 2 else publish_closed(now)
+            continue
+        clock.sleep(poll)
+        poll = min(poll * 2, _POLL_MAX_S)
+
+
+def _late_children(session: Session, stream: str, token: str) -> Iterator[ChangeRecord]:
+    """Child records of a partition that ended before the query's start."""
+    with read_transaction(session.conn):
+        rows = session.conn.execute(
+            "SELECT body FROM _log WHERE stream = ? AND token = ? AND kind = ?",
+            (stream, token, LOG_CHILD),
+        ).fetchall()
+    for (body,) in rows:
+        yield _child_record(body)

@@ -1,0 +1,114 @@
+"""SQLite plumbing: connections in WAL mode, the internal schema, write and read transactions.
+
+Writers serialise on SQLite's write lock (`BEGIN IMMEDIATE`); commit timestamps are assigned
+inside that lock, so they increase strictly across every process sharing the file. Readers use
+deferred transactions, which in WAL mode see one consistent snapshot and never block writers.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS _meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _tables (
+    name TEXT PRIMARY KEY, schema TEXT NOT NULL, storage TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS _streams (
+    name TEXT PRIMARY KEY, definition TEXT NOT NULL, policy_checked_micros INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS _partitions (
+    stream TEXT NOT NULL, token TEXT NOT NULL, range_start INTEGER NOT NULL,
+    range_end INTEGER NOT NULL, start_micros INTEGER NOT NULL, end_micros INTEGER,
+    parents TEXT NOT NULL, children TEXT NOT NULL, records INTEGER NOT NULL,
+    PRIMARY KEY (stream, token));
+CREATE TABLE IF NOT EXISTS _log (
+    stream TEXT NOT NULL, token TEXT NOT NULL, commit_micros INTEGER NOT NULL,
+    seq INTEGER NOT NULL, kind INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (stream, token, commit_micros, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _shard_streams (
+    stream_id TEXT PRIMARY KEY, table_name TEXT NOT NULL, change_stream TEXT NOT NULL,
+    enabled_micros INTEGER NOT NULL, expiration_micros INTEGER NOT NULL,
+    disabled_micros INTEGER);
+"""
+
+_DEFAULT_META = {
+    "last_commit_micros": 0,
+    "closed_micros": 0,
+    "txn_counter": 0,
+    "schema_version": 0,
+    "partition_version": 0,
+    "storage_counter": 0,
+    "token_counter": 0,
+    "gc_micros": 0,
+}
+
+LOG_DATA = 0
+LOG_CHILD = 1
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), WAL journal, 60 s busy wait."""
+    conn = sqlite3.connect(path, timeout=60.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=60000")
+    return conn
+
+
+def initialise(conn: sqlite3.Connection) -> None:
+    """Create the internal tables and meta values if missing (idempotent, safe to race)."""
+    with write_transaction(conn):
+        for statement in _SCHEMA.strip().split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.executemany(
+            "INSERT OR IGNORE INTO _meta(key, value) VALUES (?, ?)", _DEFAULT_META.items()
+        )
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Hold the database write lock; commit on success, roll back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+@contextmanager
+def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One consistent snapshot for every statement inside."""
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        conn.execute("COMMIT")
+
+
+def read_meta(conn: sqlite3.Connection) -> dict[str, Any]:
+    return dict(conn.execute("SELECT key, value FROM _meta").fetchall())
+
+
+def write_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
+    pairs = [(v, k) for k, v in values.items()]
+    conn.executemany("UPDATE _meta SET value = ? WHERE key = ?", pairs)
+
+
+def storage_name(number: int) -> str:
+    """The SQLite table holding the row versions of one user table."""
+    return f"_rows_{number}"
+
+
+def create_row_storage(conn: sqlite3.Connection, storage: str) -> None:
+    """Row versions: one row per (key, commit) with a tombstone flag; read the latest <= T."""
+    conn.execute(
+        f"CREATE TABLE {storage} (key TEXT NOT NULL, commit_micros INTEGER NOT NULL, "
+        "key_hash INTEGER NOT NULL, deleted INTEGER NOT NULL, row TEXT, "
+        "PRIMARY KEY (key, commit_micros)) WITHOUT ROWID"
+    )
+    conn.execute(f"CREATE INDEX {storage}_hash ON {storage}(key_hash)")

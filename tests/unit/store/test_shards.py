@@ -1,0 +1,108 @@
+"""The shard/iterator API (SH-1..7) over the same per-partition log."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from cdcflow import Database, FakeClock
+from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
+
+pytestmark = pytest.mark.unit
+
+TABLE = "CREATE TABLE K (Id INT64 NOT NULL, V INT64) PRIMARY KEY (Id)"
+
+
+def test_enable_list_describe_and_page_through_a_shard(db: Database):
+    db.ddl(TABLE)
+    stream_id = db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=24))
+    assert stream_id is not None
+    assert [s.stream_id for s in db.list_streams()] == [stream_id]
+    assert db.list_streams(table="Other") == []
+    assert db.change_streams() == []  # the shard stream is internal
+    with db.transaction() as tx:
+        for i in range(5):
+            tx.insert("K", {"Id": i, "V": i})
+    with db.transaction() as tx:
+        tx.update("K", {"Id": 0, "V": 100})
+        tx.delete("K", {"Id": 1})
+    (shard,) = db.describe_stream(stream_id).shards
+    assert shard.parent_id is None and shard.parent_sibling_id is None
+    iterator = db.get_shard_iterator(stream_id, shard.shard_id)
+    seen = []
+    for _ in range(10):
+        records, iterator = db.get_stream_record(iterator, limit=2)
+        assert len(records) <= 2
+        seen.extend(records)
+        if not records:
+            break
+    assert [r.action_type for r in seen] == ["PUT_ROW"] * 5 + ["UPDATE_ROW", "DELETE_ROW"]
+    assert seen[5].primary_key == {"Id": 0} and seen[5].columns == {"V": 100}
+    assert seen[5].old_columns == {"V": 0}
+    assert iterator is not None  # an active shard never ends
+
+
+def test_finished_shard_ends_with_empty_iterator_and_children_name_parents(db: Database):
+    db.ddl(TABLE)
+    stream_id = db.update_table("K", enable_stream=True)
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 1})
+    change_stream = db._catalog().streams
+    (name,) = [n for n in change_stream if n.startswith("__shard_K")]
+    (root,) = db.partitions(name)
+    low, high = db.split_partition(name, root.token)
+    merged = db.merge_partitions(name, [low, high])
+    iterator = db.get_shard_iterator(stream_id, root.token)
+    records, nxt = db.get_stream_record(iterator)
+    assert len(records) == 1 and nxt is None  # SH-7: read to its end
+    shards = {s.shard_id: s for s in db.describe_stream(stream_id).shards}
+    assert shards[low].parent_id == root.token and shards[low].parent_sibling_id is None
+    assert (shards[merged].parent_id, shards[merged].parent_sibling_id) == (low, high)
+
+
+def test_disable_and_reenable_starts_at_the_new_offset(db: Database):
+    db.ddl(TABLE)
+    first = db.update_table("K", enable_stream=True)
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 1})
+    assert db.update_table("K", enable_stream=False) is None
+    assert db.list_streams() == []
+    with pytest.raises(NotFound, match=str(first)):
+        db.describe_stream(str(first))
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 2})
+    second = db.update_table("K", enable_stream=True)
+    assert second != first
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 3})
+    (shard,) = db.describe_stream(str(second)).shards
+    records, _ = db.get_stream_record(db.get_shard_iterator(str(second), shard.shard_id))
+    assert [r.primary_key["Id"] for r in records] == [3]
+
+
+def test_expiration_and_bad_arguments(fake_db: Database, clock: FakeClock):
+    db = fake_db
+    db.ddl(TABLE)
+    stream_id = str(db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=1)))
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 1})
+    (shard,) = db.describe_stream(stream_id).shards
+    stale = db.get_shard_iterator(stream_id, shard.shard_id)
+    clock.advance(timedelta(hours=2))
+    with pytest.raises(OutOfRange, match="get_shard_iterator again"):
+        db.get_stream_record(stale)
+    fresh = db.get_shard_iterator(stream_id, shard.shard_id)
+    assert db.get_stream_record(fresh)[0] == []
+    with pytest.raises(InvalidArgument, match="limit 0"):
+        db.get_stream_record(fresh, limit=0)
+    with pytest.raises(InvalidArgument, match="not a valid iterator"):
+        db.get_stream_record("garbage!")
+    with pytest.raises(InvalidArgument, match="1 hour to 30 days"):
+        db.update_table("K", enable_stream=True, expiration_time=timedelta(minutes=5))
+    with pytest.raises(NotFound, match="'Missing'"):
+        db.update_table("Missing", enable_stream=True)
+    with pytest.raises(NotFound, match="'nope'"):
+        db.get_shard_iterator(stream_id, "nope")
+    db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=5))
+    assert db.describe_stream(stream_id).expiration_time == timedelta(hours=5)
