@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cdcflow import Database, PartitionPolicy
+from cdcflow.follow import follow_change_stream
 from cdcflow.testing import (
     WORKLOAD_DDL,
     expected_history,
-    follow_change_stream,
     follow_shards,
     observed_history,
     run_partition_churn,

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdcflow import Database, PartitionPolicy
+from cdcflow.follow import follow_change_stream
 from cdcflow.testing import (
     WORKLOAD_DDL,
     expected_history,
-    follow_change_stream,
     observed_history,
     run_writer,
 )

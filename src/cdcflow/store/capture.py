@@ -8,6 +8,8 @@ increases strictly across all of that transaction's partitions.
 from __future__ import annotations
 
 import bisect
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,6 +17,7 @@ from typing import Any
 
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_sequence
 from cdcflow.model.schema import ChangeStreamDef, TableSchema
+from cdcflow.model.timestamps import format_rfc3339
 
 
 @dataclass(slots=True)
@@ -63,29 +66,28 @@ def build_mod(change: RowChange, watched: tuple[str, ...], capture: str) -> Mod 
     row = change.after if change.after is not None else change.before
     assert row is not None and mod_type is not None
     keys = {name: row[name] for name in schema.primary_key}
-    before = change.before or {}
-    after = change.after or {}
-    whole_new = {c: after.get(c) for c in watched}
-    whole_old = {c: before.get(c) for c in watched}
     if mod_type == "INSERT":
-        return Mod(keys, whole_new, {})
+        after = change.after or {}
+        return Mod(keys, {c: after.get(c) for c in watched}, {})
+    before = change.before or {}
     if mod_type == "DELETE":
         keeps_old = capture in ("OLD_AND_NEW_VALUES", "NEW_ROW_AND_OLD_VALUES")
-        return Mod(keys, {}, whole_old if keeps_old else {})
+        return Mod(keys, {}, {c: before.get(c) for c in watched} if keeps_old else {})
+    after = change.after or {}
     modified = [c for c in watched if c in change.written]
     if not modified:
         return None
-    new_modified = {c: after.get(c) for c in modified}
-    old_modified = {c: before.get(c) for c in modified}
     match capture:
         case "OLD_AND_NEW_VALUES":
-            return Mod(keys, new_modified, old_modified)
+            return Mod(keys, {c: after.get(c) for c in modified},
+                       {c: before.get(c) for c in modified})
         case "NEW_VALUES":
-            return Mod(keys, new_modified, {})
+            return Mod(keys, {c: after.get(c) for c in modified}, {})
         case "NEW_ROW":
-            return Mod(keys, whole_new, {})
+            return Mod(keys, {c: after.get(c) for c in watched}, {})
         case _:
-            return Mod(keys, whole_new, old_modified)
+            return Mod(keys, {c: after.get(c) for c in watched},
+                       {c: before.get(c) for c in modified})
 
 
 def column_types(schema: TableSchema, watched: tuple[str, ...]) -> tuple[ColumnTypeInfo, ...]:
@@ -107,16 +109,21 @@ def build_records(
     entries: list[LogEntry] = []
     for stream in sorted(streams, key=lambda s: s.name):
         groups: dict[tuple[str, str, str], list[Mod]] = {}
+        watched_of: dict[str, tuple[str, ...] | None] = {}
+        ranges = ranges_of(stream.name)
         for change in changes:
-            if not stream.watches(change.schema.name) or change.mod_type is None:
+            table = change.schema.name
+            if table not in watched_of:
+                seen = stream.watches(table)
+                watched_of[table] = stream.watched_columns(change.schema) if seen else None
+            watched = watched_of[table]
+            if watched is None or change.mod_type is None:
                 continue
-            watched = stream.watched_columns(change.schema)
             mod = build_mod(change, watched, stream.value_capture_type)
             if mod is None:
                 continue
-            token = ranges_of(stream.name).token_for(change.key_hash)
-            assert change.mod_type is not None
-            groups.setdefault((change.schema.name, change.mod_type, token), []).append(mod)
+            token = ranges.token_for(change.key_hash)
+            groups.setdefault((table, change.mod_type, token), []).append(mod)
         entries.extend(_stream_records(stream, groups, changes, commit_timestamp, transaction_id))
     return entries
 
@@ -150,3 +157,32 @@ def _stream_records(
         )
         entries.append(LogEntry(stream.name, token, index, record))
     return entries
+
+
+def encode_record(record: DataChangeRecord) -> str:
+    """The log body of a record: its `to_dict()` JSON, built with the column types cached."""
+    header = {
+        "commit_timestamp": format_rfc3339(record.commit_timestamp),
+        "record_sequence": record.record_sequence,
+        "server_transaction_id": record.server_transaction_id,
+        "is_last_record_in_transaction_in_partition": (
+            record.is_last_record_in_transaction_in_partition
+        ),
+        "table_name": record.table_name,
+        "mod_type": record.mod_type,
+        "value_capture_type": record.value_capture_type,
+        "number_of_records_in_transaction": record.number_of_records_in_transaction,
+        "number_of_partitions_in_transaction": record.number_of_partitions_in_transaction,
+    }
+    mods = [{"keys": m.keys, "new_values": m.new_values, "old_values": m.old_values}
+            for m in record.mods]
+    return (
+        f'{{"column_types":{_column_types_json(record.column_types)},'
+        f'"mods":{json.dumps(mods, separators=(",", ":"))},'
+        f"{json.dumps(header, separators=(',', ':'))[1:]}"
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _column_types_json(column_types: tuple[ColumnTypeInfo, ...]) -> str:
+    return json.dumps([c.to_dict() for c in column_types], separators=(",", ":"))

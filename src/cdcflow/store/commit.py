@@ -5,13 +5,12 @@ transaction (CS-1). Either the data and its records both exist, or neither does.
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.model.schema import key_hash
 from cdcflow.model.timestamps import format_rfc3339, from_micros
 from cdcflow.store import partition_map, retention
-from cdcflow.store.capture import LogEntry, RowChange, build_records
+from cdcflow.store.capture import LogEntry, RowChange, build_records, encode_record
 from cdcflow.store.catalog import Catalog, next_commit_micros
 from cdcflow.store.mutations import Mutation, apply_mutation, validate_mutation
 from cdcflow.store.rows import latest_version, write_version
@@ -82,16 +81,10 @@ def _append(session: Session, entries: list[LogEntry], micros: int) -> None:
     session.conn.executemany(
         "INSERT INTO _log(stream, token, commit_micros, seq, kind, body) VALUES (?,?,?,?,?,?)",
         [
-            (e.stream, e.token, micros, e.sequence, LOG_DATA, json.dumps(e.record.to_dict()))
+            (e.stream, e.token, micros, e.sequence, LOG_DATA, encode_record(e.record))
             for e in entries
         ],
     )
-    per_partition: Counter[tuple[str, str]] = Counter((e.stream, e.token) for e in entries)
-    by_stream: dict[str, dict[str, int]] = {}
-    for (stream, token), count in per_partition.items():
-        by_stream.setdefault(stream, {})[token] = count
-    for stream, counts in by_stream.items():
-        partition_map.add_records(session.conn, stream, counts)
 
 
 def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros: int) -> None:
@@ -99,11 +92,16 @@ def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros:
     if not policy.auto:
         return
     conn = session.conn
+    interval = policy.check_interval_seconds * 1_000_000
+    if micros - session.policy_checked.get(stream, 0) < interval:
+        return
     (checked,) = conn.execute(
         "SELECT policy_checked_micros FROM _streams WHERE name = ?", (stream,)
     ).fetchone()
-    if micros - int(checked) < policy.check_interval_seconds * 1_000_000:
+    session.policy_checked[stream] = int(checked)
+    if micros - int(checked) < interval:
         return
+    session.policy_checked[stream] = micros
     active = partition_map.active_partitions(conn, stream)
     changed = False
     for candidate in partition_map.split_candidates(active, policy):

@@ -60,7 +60,9 @@ class Database(shards.ShardApi):
         """
         if initial_partitions < 1:
             raise InvalidArgument(f"initial_partitions {initial_partitions} must be at least 1")
-        database = cls(os.fspath(path), clock or SYSTEM_CLOCK, initial_partitions)
+        location = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(location)), exist_ok=True)
+        database = cls(location, clock or SYSTEM_CLOCK, initial_partitions)
         conn = database._session().conn
         initialise(conn)
         with _write_transaction(conn):

@@ -26,7 +26,11 @@ from cdcflow.model.schema import KEY_HASH_SPACE
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store.sqlite import LOG_CHILD
 
-_COLUMNS = "token, range_start, range_end, start_micros, end_micros, parents, children, records"
+_INSERT_COLUMNS = "token, range_start, range_end, start_micros, end_micros, parents, children"
+_COLUMNS = (
+    f"{_INSERT_COLUMNS}, (SELECT COUNT(*) FROM _log AS l WHERE l.stream = _partitions.stream "
+    "AND l.token = _partitions.token AND l.kind = 0)"
+)
 
 
 def bump_version(conn: sqlite3.Connection) -> None:
@@ -44,7 +48,8 @@ def _insert(
 ) -> str:
     token = _allocate_token(conn)
     conn.execute(
-        f"INSERT INTO _partitions(stream, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, ?, '[]', 0)",
+        f"INSERT INTO _partitions(stream, {_INSERT_COLUMNS}, records) "
+        "VALUES (?, ?, ?, ?, ?, NULL, ?, '[]', 0)",
         (stream, token, key_range.start, key_range.end, start, json.dumps(parents)),
     )
     return token
@@ -160,13 +165,6 @@ def merge(conn: sqlite3.Connection, stream: str, tokens: list[str], micros: int)
     child = _insert(conn, stream, key_range, micros, ordered)
     _finish(conn, stream, ordered, [child], micros)
     return child
-
-
-def add_records(conn: sqlite3.Connection, stream: str, counts: dict[str, int]) -> None:
-    conn.executemany(
-        "UPDATE _partitions SET records = records + ? WHERE stream = ? AND token = ?",
-        [(n, stream, token) for token, n in counts.items()],
-    )
 
 
 def split_candidates(

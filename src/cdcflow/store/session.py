@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cdcflow.store import partition_map
@@ -21,6 +21,7 @@ class Session:
     partition_version: int
     ranges: dict[str, PartitionRanges]
     meta: dict[str, Any]
+    policy_checked: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
     def open(path: str) -> Session:
