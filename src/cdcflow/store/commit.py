@@ -79,9 +79,11 @@ def _net_changes(
 
 def _append(session: Session, entries: list[LogEntry], micros: int) -> None:
     session.conn.executemany(
-        "INSERT INTO _log(stream, token, commit_micros, seq, kind, body) VALUES (?,?,?,?,?,?)",
+        "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
+        "VALUES (?,?,?,?,?,?,?)",
         [
-            (e.stream, e.token, micros, e.sequence, LOG_DATA, encode_record(e.record))
+            (e.stream, e.token, micros, e.sequence, LOG_DATA, len(e.record.mods),
+             encode_record(e.record))
             for e in entries
         ],
     )

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import InvalidArgument, OutOfRange
+from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
 from cdcflow.model.partitions import PartitionMetadata, PartitionPolicy
 from cdcflow.model.records import ChangeRecord
 from cdcflow.model.schema import ChangeStreamDef, TableSchema, key_hash
@@ -44,6 +44,13 @@ class Database(shards.ShardApi):
         self._local = threading.local()
         self._pid = os.getpid()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the location and settings only; connections are per process and thread."""
+        return {"path": self.path, "clock": self.clock, "initial": self.initial_partition_count}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["clock"], state["initial"])  # type: ignore[misc]
+
     @classmethod
     def open(
         cls,
@@ -52,8 +59,9 @@ class Database(shards.ShardApi):
         clock: Clock | None = None,
         partition_policy: PartitionPolicy | None = None,
         initial_partitions: int = 1,
+        create: bool = True,
     ) -> Database:
-        """Open (creating if missing) the database at `path`.
+        """Open the database at `path`, creating it if missing (`create=False`: NotFound).
 
         `partition_policy`, when given, is stored in the file and used by every process.
         `initial_partitions` is how many partitions a new change stream starts with.
@@ -61,6 +69,10 @@ class Database(shards.ShardApi):
         if initial_partitions < 1:
             raise InvalidArgument(f"initial_partitions {initial_partitions} must be at least 1")
         location = os.fspath(path)
+        if not create:
+            if not os.path.exists(location):
+                raise NotFound(f"database file {location!r} does not exist")
+            return cls(location, clock or SYSTEM_CLOCK, initial_partitions)
         os.makedirs(os.path.dirname(os.path.abspath(location)), exist_ok=True)
         database = cls(location, clock or SYSTEM_CLOCK, initial_partitions)
         conn = database._session().conn
@@ -231,6 +243,11 @@ class Database(shards.ShardApi):
             write_meta(session.conn, {"closed_micros": closed})
             return max(closed, int(meta["last_commit_micros"]))
 
+    def _publish_closed_until(self, when: datetime) -> datetime:
+        """Close every timestamp up to `when` (not beyond now); return the new safe time."""
+        micros = min(to_micros(when), self._now_micros())
+        return from_micros(self._publish_closed(micros))
+
     # ---- change streams -----------------------------------------------------------------
 
     def read_change_stream(
@@ -283,6 +300,27 @@ class Database(shards.ShardApi):
             query.heartbeat_milliseconds,
         )
         return (([record],) for record in records)
+
+    def earliest_readable(self, stream: str) -> datetime:
+        """The earliest start_timestamp a query of `stream` may use now (CS-5)."""
+        definition = self.change_stream(stream)
+        now = self._now_micros()
+        return from_micros(max(definition.created_micros, now - definition.retention_micros))
+
+    def log_mod_counts(
+        self, stream: str, token: str, after: datetime, until: datetime, limit: int
+    ) -> list[tuple[int, int]]:
+        """(commit micros, mods) of the first `limit` data records of a partition with
+        after < commit_timestamp <= until, in commit order: for admission control."""
+        session = self._session()
+        with read_transaction(session.conn):
+            rows = session.conn.execute(
+                "SELECT commit_micros, mods FROM _log WHERE stream = ? AND token = ? "
+                "AND kind = 0 AND commit_micros > ? AND commit_micros <= ? "
+                "ORDER BY commit_micros, seq LIMIT ?",
+                (stream, token, to_micros(after), to_micros(until), limit),
+            ).fetchall()
+        return [(int(m), int(n)) for m, n in rows]
 
     # ---- partitions ---------------------------------------------------------------------
 

@@ -137,8 +137,8 @@ def _finish(
             (at, json.dumps(children), stream, parent),
         )
         conn.execute(
-            "INSERT INTO _log(stream, token, commit_micros, seq, kind, body) "
-            "VALUES (?, ?, ?, 0, ?, ?)",
+            "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
+            "VALUES (?, ?, ?, 0, ?, 0, ?)",
             (stream, parent, at, LOG_CHILD, body),
         )
     bump_version(conn)

@@ -25,7 +25,7 @@ CREATE TABLE IF NOT EXISTS _partitions (
     PRIMARY KEY (stream, token));
 CREATE TABLE IF NOT EXISTS _log (
     stream TEXT NOT NULL, token TEXT NOT NULL, commit_micros INTEGER NOT NULL,
-    seq INTEGER NOT NULL, kind INTEGER NOT NULL, body TEXT NOT NULL,
+    seq INTEGER NOT NULL, kind INTEGER NOT NULL, mods INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (stream, token, commit_micros, seq));
 CREATE TABLE IF NOT EXISTS _shard_streams (
     stream_id TEXT PRIMARY KEY, table_name TEXT NOT NULL, change_stream TEXT NOT NULL,

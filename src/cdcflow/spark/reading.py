@@ -1,0 +1,131 @@
+"""What one Spark task reads: a partition's records in (after, until], or a key-hash range of a
+table snapshot. Stateless: every call opens its own database connection (executor side)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from cdcflow.model.records import ChangeRecord
+from cdcflow.model.timestamps import from_micros
+from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, arrow_of, table_columns
+from cdcflow.store.database import Database
+
+_BATCH_ROWS = 8_192
+_COMPACT = (",", ":")
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSlice:
+    """Records of one change-stream partition with after < commit_timestamp <= until.
+    `partition_end` (micros or None) lets raw reads include the child-partitions record."""
+
+    database: str
+    stream: str
+    token: str
+    after: int
+    until: int
+    partition_end: int | None
+    heartbeat_ms: int
+    raw: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSlice:
+    """Rows of `table` as of `read_micros` whose key hash is in [hash_start, hash_end)."""
+
+    database: str
+    table: str
+    read_micros: int
+    hash_start: int
+    hash_end: int
+
+
+def _records(piece: ChangeSlice) -> Iterator[ChangeRecord]:
+    database = Database.open(piece.database, create=False)
+    until = piece.until
+    if piece.raw and piece.partition_end is not None and piece.partition_end == until + 1:
+        until = piece.partition_end
+    yield from database.read_change_stream(
+        piece.stream, from_micros(piece.after + 1), from_micros(until), piece.token,
+        piece.heartbeat_ms,
+    )
+
+
+def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
+    """One row per mod (or per raw record), as Arrow record batches."""
+    if piece.raw:
+        yield from _read_raw(piece)
+        return
+    schema = arrow_of(CHANGE_COLUMNS)
+    columns: list[list[Any]] = [[] for _ in CHANGE_COLUMNS]
+    for row in _records(piece):
+        record = row.data_change_record
+        if record is None:
+            continue
+        column_types = json.dumps([c.to_dict() for c in record.column_types], separators=_COMPACT)
+        for index, mod in enumerate(record.mods):
+            values = (
+                record.commit_timestamp, record.server_transaction_id, record.record_sequence,
+                index, record.table_name, record.mod_type, record.value_capture_type,
+                record.number_of_records_in_transaction,
+                record.number_of_partitions_in_transaction,
+                record.is_last_record_in_transaction_in_partition, piece.token,
+                json.dumps(mod.keys, separators=_COMPACT),
+                json.dumps(mod.new_values, separators=_COMPACT),
+                json.dumps(mod.old_values, separators=_COMPACT), column_types,
+            )
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
+        if len(columns[0]) >= _BATCH_ROWS:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
+                schema=schema,
+            )
+            columns = [[] for _ in CHANGE_COLUMNS]
+    if columns[0]:
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
+            schema=schema,
+        )
+
+
+def _read_raw(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
+    rows: list[tuple[str, str, Any, str]] = []
+    for row in _records(piece):
+        kind = ("data_change_record" if row.data_change_record is not None else
+                "heartbeat_record" if row.heartbeat_record is not None else
+                "child_partitions_record")
+        rows.append((piece.token, kind, row.timestamp, json.dumps(row.to_dict()[kind][0])))
+    heartbeat = {"timestamp": from_micros(piece.until).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    rows.append((piece.token, "heartbeat_record", from_micros(piece.until), json.dumps(heartbeat)))
+    schema = arrow_of(RAW_COLUMNS)
+    yield pa.RecordBatch.from_arrays(
+        [pa.array([r[i] for r in rows], type=schema.field(i).type) for i in range(4)],
+        schema=schema,
+    )
+
+
+def read_snapshot(piece: SnapshotSlice) -> Iterator[pa.RecordBatch]:
+    """Typed rows of a table snapshot slice."""
+    database = Database.open(piece.database, create=False)
+    schema = database.table_schema(piece.table)
+    columns = table_columns(schema)
+    rows = database.scan(piece.table, from_micros(piece.read_micros),
+                         (piece.hash_start, piece.hash_end))
+    arrow = pa.schema([(name, kind) for name, _, kind in columns])
+    for offset in range(0, max(len(rows), 1), _BATCH_ROWS):
+        chunk = rows[offset:offset + _BATCH_ROWS]
+        if not chunk:
+            return
+        arrays = []
+        for (name, _, kind), column in zip(columns, schema.columns, strict=True):
+            values = [r[name] for r in chunk]
+            if column.type.code == "JSON":
+                values = [None if v is None else json.dumps(v, sort_keys=True) for v in values]
+            arrays.append(pa.array(values, type=kind))
+        yield pa.RecordBatch.from_arrays(arrays, schema=arrow)
