@@ -39,7 +39,9 @@ FULL_RANGE: Final = KeyRange(0, KEY_HASH_SPACE)
 
 @dataclass(frozen=True, slots=True)
 class PartitionMetadata:
-    """A partition: token, key range, time span, lineage and state (ACTIVE or FINISHED)."""
+    """A partition: token, key range, time span, lineage and state (ACTIVE or FINISHED).
+
+    `record_count` is the number of data records it held at the last policy check."""
 
     token: str
     key_range: KeyRange

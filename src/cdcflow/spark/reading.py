@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
-from cdcflow.model.records import ChangeRecord
-from cdcflow.model.timestamps import from_micros
+from cdcflow.model.timestamps import format_rfc3339, from_micros, parse_timestamp
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, arrow_of, table_columns
 from cdcflow.store.database import Database
 
@@ -45,14 +45,19 @@ class SnapshotSlice:
     hash_end: int
 
 
-def _records(piece: ChangeSlice) -> Iterator[ChangeRecord]:
+def _bodies(piece: ChangeSlice) -> Iterator[tuple[str, dict[str, Any]]]:
     database = Database.open(piece.database, create=False)
     until = piece.until
     if piece.raw and piece.partition_end is not None and piece.partition_end == until + 1:
         until = piece.partition_end
-    yield from database.read_change_stream(
-        piece.stream, from_micros(piece.after + 1), from_micros(until), piece.token,
-        piece.heartbeat_ms,
+    yield from database.read_log_bodies(
+        piece.stream, piece.token, from_micros(piece.after), from_micros(until)
+    )
+
+
+def _batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
     )
 
 
@@ -62,46 +67,47 @@ def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
         yield from _read_raw(piece)
         return
     schema = arrow_of(CHANGE_COLUMNS)
+    def encode(value: Any) -> str:
+        return orjson.dumps(value).decode()
+
     columns: list[list[Any]] = [[] for _ in CHANGE_COLUMNS]
-    for row in _records(piece):
-        record = row.data_change_record
-        if record is None:
+    for kind, record in _bodies(piece):
+        if kind != "data":
             continue
-        column_types = json.dumps([c.to_dict() for c in record.column_types], separators=_COMPACT)
-        for index, mod in enumerate(record.mods):
+        column_types = encode(record["column_types"])
+        stamp = parse_timestamp(record["commit_timestamp"])
+        for index, mod in enumerate(record["mods"]):
             values = (
-                record.commit_timestamp, record.server_transaction_id, record.record_sequence,
-                index, record.table_name, record.mod_type, record.value_capture_type,
-                record.number_of_records_in_transaction,
-                record.number_of_partitions_in_transaction,
-                record.is_last_record_in_transaction_in_partition, piece.token,
-                json.dumps(mod.keys, separators=_COMPACT),
-                json.dumps(mod.new_values, separators=_COMPACT),
-                json.dumps(mod.old_values, separators=_COMPACT), column_types,
+                stamp, record["server_transaction_id"], record["record_sequence"], index,
+                record["table_name"], record["mod_type"], record["value_capture_type"],
+                record["number_of_records_in_transaction"],
+                record["number_of_partitions_in_transaction"],
+                record["is_last_record_in_transaction_in_partition"], piece.token,
+                encode(mod["keys"]), encode(mod["new_values"]), encode(mod["old_values"]),
+                column_types,
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
         if len(columns[0]) >= _BATCH_ROWS:
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
-                schema=schema,
-            )
+            yield _batch(columns, schema)
             columns = [[] for _ in CHANGE_COLUMNS]
     if columns[0]:
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
-            schema=schema,
-        )
+        yield _batch(columns, schema)
 
 
 def _read_raw(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     rows: list[tuple[str, str, Any, str]] = []
-    for row in _records(piece):
-        kind = ("data_change_record" if row.data_change_record is not None else
-                "heartbeat_record" if row.heartbeat_record is not None else
-                "child_partitions_record")
-        rows.append((piece.token, kind, row.timestamp, json.dumps(row.to_dict()[kind][0])))
-    heartbeat = {"timestamp": from_micros(piece.until).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    for kind, record in _bodies(piece):
+        if kind == "data":
+            rows.append((piece.token, "data_change_record",
+                         parse_timestamp(record["commit_timestamp"]), json.dumps(record)))
+        else:
+            children = [{"token": t, "parent_partition_tokens": p} for t, p in record["children"]]
+            start = from_micros(record["start_micros"])
+            text = json.dumps({"start_timestamp": format_rfc3339(start),
+                               "record_sequence": "00000000", "child_partitions": children})
+            rows.append((piece.token, "child_partitions_record", start, text))
+    heartbeat = {"timestamp": format_rfc3339(piece.until)}
     rows.append((piece.token, "heartbeat_record", from_micros(piece.until), json.dumps(heartbeat)))
     schema = arrow_of(RAW_COLUMNS)
     yield pa.RecordBatch.from_arrays(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_sequence
 from cdcflow.model.schema import ChangeStreamDef, TableSchema
 from cdcflow.model.timestamps import format_rfc3339
@@ -178,8 +180,8 @@ def encode_record(record: DataChangeRecord) -> str:
             for m in record.mods]
     return (
         f'{{"column_types":{_column_types_json(record.column_types)},'
-        f'"mods":{json.dumps(mods, separators=(",", ":"))},'
-        f"{json.dumps(header, separators=(',', ':'))[1:]}"
+        f'"mods":{orjson.dumps(mods).decode()},'
+        f"{orjson.dumps(header).decode()[1:]}"
     )
 
 

@@ -104,6 +104,7 @@ def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros:
     if micros - int(checked) < interval:
         return
     session.policy_checked[stream] = micros
+    partition_map.refresh_record_counts(conn, stream)
     active = partition_map.active_partitions(conn, stream)
     changed = False
     for candidate in partition_map.split_candidates(active, policy):

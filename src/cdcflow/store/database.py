@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
 from cdcflow.model.partitions import PartitionMetadata, PartitionPolicy
@@ -27,9 +29,15 @@ from cdcflow.store.commit import commit_mutations
 from cdcflow.store.ddl import parse_ddl
 from cdcflow.store.mutations import Mutation
 from cdcflow.store.query import parse_change_stream_query
-from cdcflow.store.reader import initial_partitions, read_partition, validate_query
+from cdcflow.store.reader import initial_partitions, read_partition, scan_log, validate_query
 from cdcflow.store.session import Session
-from cdcflow.store.sqlite import initialise, read_meta, read_transaction, write_meta
+from cdcflow.store.sqlite import (
+    LOG_CHILD,
+    initialise,
+    read_meta,
+    read_transaction,
+    write_meta,
+)
 from cdcflow.store.sqlite import write_transaction as _write_transaction
 from cdcflow.store.transaction import Transaction
 
@@ -273,6 +281,22 @@ class Database(shards.ShardApi):
         if partition_token is None:
             return iter([initial_partitions(self._session(), args)])
         return read_partition(self._session(), self.clock, args, self._publish_closed)
+
+    def read_log_bodies(
+        self, stream: str, token: str, after: datetime, until: datetime
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Records of one partition with after < commit_timestamp <= until as parsed dicts
+        (the `to_dict()` shape), tagged "data" or "child". A bulk path for planned reads:
+        `until` must not exceed `current_timestamp()`; the start must be inside retention."""
+        start = to_micros(after) + 1
+        earliest = to_micros(self.earliest_readable(stream))
+        if start < earliest:
+            raise OutOfRange(
+                f"start {format_rfc3339(start)} is outside the retention of change stream "
+                f"{stream!r}; the earliest valid timestamp is {format_rfc3339(earliest)}"
+            )
+        for kind, body in scan_log(self._session(), stream, token, start - 1, to_micros(until)):
+            yield ("child" if kind == LOG_CHILD else "data"), orjson.loads(body)
 
     def execute_sql(
         self,

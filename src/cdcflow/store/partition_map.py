@@ -27,10 +27,7 @@ from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store.sqlite import LOG_CHILD
 
 _INSERT_COLUMNS = "token, range_start, range_end, start_micros, end_micros, parents, children"
-_COLUMNS = (
-    f"{_INSERT_COLUMNS}, (SELECT COUNT(*) FROM _log AS l WHERE l.stream = _partitions.stream "
-    "AND l.token = _partitions.token AND l.kind = 0)"
-)
+_COLUMNS = f"{_INSERT_COLUMNS}, records"
 
 
 def bump_version(conn: sqlite3.Connection) -> None:
@@ -165,6 +162,16 @@ def merge(conn: sqlite3.Connection, stream: str, tokens: list[str], micros: int)
     child = _insert(conn, stream, key_range, micros, ordered)
     _finish(conn, stream, ordered, [child], micros)
     return child
+
+
+def refresh_record_counts(conn: sqlite3.Connection, stream: str) -> None:
+    """Count the retained data records of every active partition (for the policy)."""
+    conn.execute(
+        "UPDATE _partitions SET records = (SELECT COUNT(*) FROM _log AS l WHERE "
+        "l.stream = _partitions.stream AND l.token = _partitions.token AND l.kind = 0) "
+        "WHERE stream = ? AND end_micros IS NULL",
+        (stream,),
+    )
 
 
 def split_candidates(

@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import orjson
+
 from cdcflow.clock import Clock
 from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
 from cdcflow.model.records import (
@@ -137,9 +139,9 @@ def read_partition(
             bound = safe if args.end_micros is None else min(safe, args.end_micros)
             rows = conn.execute(
                 "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
-                "AND (commit_micros > ? OR (commit_micros = ? AND seq > ?)) "
+                "AND (commit_micros, seq) > (?, ?) "
                 "AND commit_micros <= ? ORDER BY commit_micros, seq LIMIT ?",
-                (stream, token, after[0], after[0], after[1], bound, _BATCH),
+                (stream, token, after[0], after[1], bound, _BATCH),
             ).fetchall()
             ended_at = conn.execute(
                 "SELECT end_micros FROM _partitions WHERE stream = ? AND token = ?",
@@ -154,7 +156,8 @@ def read_partition(
                 saw_child = True
                 yield _child_record(body)
             else:
-                yield ChangeRecord(data_change_record=DataChangeRecord.from_dict(json.loads(body)))
+                record = DataChangeRecord.from_dict(orjson.loads(body))
+                yield ChangeRecord(data_change_record=record)
         if saw_child:
             return
         if rows:
@@ -188,3 +191,27 @@ def _late_children(session: Session, stream: str, token: str) -> Iterator[Change
         ).fetchall()
     for (body,) in rows:
         yield _child_record(body)
+
+
+def scan_log(
+    session: Session, stream: str, token: str, after_micros: int, until_micros: int
+) -> Iterator[tuple[int, str]]:
+    """(kind, JSON body) of a partition's log entries with after < commit <= until, in order.
+
+    For bulk readers (the Spark source) that have planned the range against the safe time
+    themselves; the caller checks retention. `kind` is LOG_DATA or LOG_CHILD.
+    """
+    position = (after_micros, 1 << 62)
+    while True:
+        with read_transaction(session.conn):
+            rows = session.conn.execute(
+                "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
+                "AND (commit_micros, seq) > (?, ?) AND commit_micros <= ? "
+                "ORDER BY commit_micros, seq LIMIT ?",
+                (stream, token, position[0], position[1], until_micros, _BATCH * 5),
+            ).fetchall()
+        for micros, seq, kind, body in rows:
+            position = (micros, seq)
+            yield kind, body
+        if len(rows) < _BATCH * 5:
+            return

@@ -247,9 +247,9 @@ class ShardApi(ABC):
                 )
             rows = session.conn.execute(
                 "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
-                "AND (commit_micros > ? OR (commit_micros = ? AND seq >= ?)) "
+                "AND (commit_micros, seq) >= (?, ?) "
                 "ORDER BY commit_micros, seq LIMIT ?",
-                (change_stream, shard_id, micros, micros, seq, limit + 1),
+                (change_stream, shard_id, micros, seq, limit + 1),
             ).fetchall()
         return self._page(stream_id, shard_id, (micros, seq, mod), rows, limit)
 
