@@ -1,0 +1,246 @@
+"""`CdcTable`: a table that applies streamed UPSERT/DELETE changes in sequence order
+(the BigQuery CDC model, AP-1..AP-10), stored as a Delta Lake table any Delta reader opens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from cdcflow.clock import SYSTEM_CLOCK, Clock
+from cdcflow.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from cdcflow.model.timestamps import from_micros, to_micros
+from cdcflow.table import pending
+from cdcflow.table.apply import JOB, ApplyPlan, apply_lock, commit_apply, plan_apply
+from cdcflow.table.arrow_types import check_schema, schema_from_ddl
+from cdcflow.table.layout import read_manifest
+from cdcflow.table.metadata import TableOptions, load_options, save_options
+
+
+class CdcTable:
+    """Create with `CdcTable.create(...)`, open with `CdcTable.open(path)`."""
+
+    def __init__(self, root: Path, options: TableOptions, clock: Clock) -> None:
+        self.root = root
+        self._options = options
+        self.clock = clock
+        self._background: tuple[threading.Thread, threading.Event] | None = None
+
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        schema: pa.Schema | str,
+        primary_key: list[str],
+        max_staleness: timedelta | None = None,
+        delete_retention: timedelta = timedelta(days=2),
+        target_file_rows: int = 250_000,
+        clock: Clock | None = None,
+    ) -> CdcTable:
+        root = Path(path)
+        arrow = schema_from_ddl(schema) if isinstance(schema, str) else schema
+        check_schema(arrow, list(primary_key))
+        if DeltaTable.is_deltatable(str(root)):
+            raise AlreadyExists(f"a table exists already at {root}")
+        options = TableOptions(tuple(primary_key), None, 0.0, target_file_rows).altered(
+            max_staleness=max_staleness, delete_retention=delete_retention)
+        DeltaTable.create(str(root), arrow)
+        pending.create_pending(root, arrow)
+        save_options(root, options)
+        return cls(root, options, clock or SYSTEM_CLOCK)
+
+    @classmethod
+    def open(cls, path: str | Path, clock: Clock | None = None) -> CdcTable:
+        root = Path(path)
+        return cls(root, load_options(root), clock or SYSTEM_CLOCK)
+
+    # ---- metadata (AP-5, AP-6) ------------------------------------------------------------
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema(DeltaTable(str(self.root)).schema().to_arrow())
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        return self._options.primary_key
+
+    @property
+    def options(self) -> dict[str, Any]:
+        self._options = load_options(self.root)
+        return self._options.public()
+
+    def alter(self, **changes: Any) -> None:
+        """Change options, e.g. `alter(max_staleness=timedelta(minutes=15))`."""
+        self._options = load_options(self.root).altered(**changes)
+        save_options(self.root, self._options)
+
+    @property
+    def upsert_stream_apply_watermark(self) -> datetime | None:
+        """The time up to which streamed changes are applied; None before any apply."""
+        watermark = read_manifest(DeltaTable(str(self.root))).watermark
+        return None if watermark is None else from_micros(watermark)
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def connection(self) -> Connection:
+        return Connection(self)
+
+    def apply(self) -> dict[str, Any]:
+        """Run one apply job now; return its stats (duration, changes, files rewritten)."""
+        with apply_lock(self.root):
+            started = time.time()
+            watermark = to_micros(self.clock.now())
+            plan = self._plan(watermark)
+            return commit_apply(self.root, plan, self.schema, self.primary_key,
+                                self._options.target_file_rows, watermark, started)
+
+    def _plan(self, now_micros: int) -> ApplyPlan:
+        retention = int(self._options.delete_retention_seconds * 1_000_000)
+        return plan_apply(self.root, self.schema, self.primary_key, now_micros, retention)
+
+    def start_background_apply(self, interval: timedelta | None = None) -> None:
+        """Apply at least once per max_staleness (AP-5), in a daemon thread."""
+        if self._background is not None:
+            raise FailedPrecondition("background apply is already running")
+        staleness = self.options["max_staleness"]
+        every = interval or (staleness / 2 if staleness else timedelta(seconds=5))
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(every.total_seconds()):
+                self.apply()
+
+        thread = threading.Thread(target=loop, name=f"apply:{self.root}", daemon=True)
+        thread.start()
+        self._background = (thread, stop)
+
+    def stop_background_apply(self) -> None:
+        if self._background is not None:
+            thread, stop = self._background
+            stop.set()
+            thread.join()
+            self._background = None
+
+    # ---- reads (AP-5, AP-9, AP-10) --------------------------------------------------------
+
+    def has_pending_changes(self) -> bool:
+        manifest = read_manifest(DeltaTable(str(self.root)))
+        pending_table = DeltaTable(pending.pending_path(self.root))
+        actions = pa.table(pending_table.get_add_actions(flatten=True))
+        return any(p not in manifest.applied_pending for p in actions.column("path").to_pylist())
+
+    def is_within_staleness(self) -> bool:
+        staleness = self._options.max_staleness_seconds
+        watermark = read_manifest(DeltaTable(str(self.root))).watermark
+        if staleness is None or watermark is None:
+            return False
+        age = to_micros(self.clock.now()) - watermark
+        return age <= staleness * 1_000_000
+
+    def to_arrow(self) -> pa.Table:
+        """The table per AP-5: the last applied version inside max_staleness (cheap, maybe
+        stale), otherwise a runtime merge of the pending changes (fresh). The pseudo-columns
+        never appear (AP-10)."""
+        self._options = load_options(self.root)
+        if self.is_within_staleness() or not self.has_pending_changes():
+            return DeltaTable(str(self.root)).to_pyarrow_table()
+        return self._merged(self._plan(to_micros(self.clock.now())))
+
+    def _merged(self, plan: ApplyPlan) -> pa.Table:
+        schema = self.schema
+        parts = [pq.read_table(self.root / f.data) for i, f in enumerate(plan.manifest.files)
+                 if i not in plan.touched]
+        rows = [row for content in plan.touched.values() for row in content.rows.values()]
+        parts.append(pa.Table.from_pylist(rows, schema=schema))
+        return pa.concat_tables([p.cast(schema) for p in parts])
+
+    def to_spark(self, spark: Any) -> Any:
+        """A Spark DataFrame of `to_arrow()`'s view (baseline files read by Spark directly)."""
+        if self.is_within_staleness() or not self.has_pending_changes():
+            uris = DeltaTable(str(self.root)).file_uris()
+            if uris:
+                return spark.read.parquet(*uris)
+        return spark.createDataFrame(self.to_arrow())
+
+    def export(self, destination: str | Path, apply_first: bool = True) -> int:
+        """Write the table to one Parquet file (AP-9): pending changes are applied first, or,
+        with apply_first=False, their presence is an error. Returns the row count."""
+        if self.has_pending_changes():
+            if not apply_first:
+                raise FailedPrecondition(
+                    f"table {self.root} has unapplied changes; apply them or pass apply_first"
+                )
+            self.apply()
+        table = DeltaTable(str(self.root)).to_pyarrow_table()
+        pq.write_table(table, destination)
+        return int(table.num_rows)
+
+    # ---- AP-8 -----------------------------------------------------------------------------
+
+    def apply_jobs(self) -> list[dict[str, Any]]:
+        """Apply job history, newest first, with durations."""
+        jobs = []
+        for entry in DeltaTable(str(self.root)).history():
+            if entry.get(JOB):
+                jobs.append(json.loads(entry[JOB]) | {"version": entry["version"]})
+        return jobs
+
+    def recommended_max_staleness(
+        self, tolerated: timedelta = timedelta(0), buffer: timedelta = timedelta(minutes=7)
+    ) -> timedelta:
+        """AP-8: the larger of the tolerated staleness and twice the p95 apply duration plus a
+        buffer (the seed's query adds 7 minutes)."""
+        durations = sorted(j["duration_seconds"] for j in self.apply_jobs())
+        if not durations:
+            return max(tolerated, buffer)
+        p95 = durations[min(len(durations) - 1, math.ceil(0.95 * len(durations)) - 1)]
+        return max(tolerated, timedelta(seconds=2 * p95) + buffer)
+
+
+class Connection:
+    """One writer connection (AP-3): it carries either UPSERT/DELETE rows or plain rows."""
+
+    def __init__(self, table: CdcTable) -> None:
+        self.table = table
+        self.mode: str | None = None
+
+    def append(self, rows: Any, app_id: str | None = None, version: int | None = None) -> bool:
+        """Append changes (pyarrow Table, list of dicts, or pandas DataFrame). With `app_id`
+        and `version`, an append already committed is skipped and False is returned."""
+        data = _as_arrow(rows)
+        types = (data.column(pending.CHANGE_TYPE).to_pylist()
+                 if pending.CHANGE_TYPE in data.column_names else [None] * data.num_rows)
+        mode = pending.change_mode(types) if types else self.mode
+        if self.mode is not None and mode is not None and mode != self.mode:
+            offender = types[0]
+            raise InvalidArgument(
+                f"{pending.INVALID_CHANGE_TYPE}: {offender!r} on a connection that carries "
+                f"{'UPSERT/DELETE' if self.mode == 'cdc' else 'INSERT or untyped'} rows (AP-3)"
+            )
+        prepared = pending.prepare(data, self.table.schema, self.table.primary_key)
+        written = pending.append(self.table.root, prepared, app_id, version)
+        self.mode = mode
+        return written
+
+
+def _as_arrow(rows: Any) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, list):
+        if not all(isinstance(r, dict) for r in rows):
+            raise InvalidArgument("append takes a pyarrow Table, a list of dicts or a DataFrame")
+        names = list(dict.fromkeys(name for row in rows for name in row))
+        return pa.Table.from_pydict({n: [row.get(n) for row in rows] for n in names})
+    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):
+        return pa.Table.from_pandas(rows, preserve_index=False)
+    raise InvalidArgument(f"append cannot take {type(rows).__name__}; pass a pyarrow Table, "
+                          "a list of dicts or a pandas DataFrame")

@@ -1,0 +1,89 @@
+"""Table options (primary key, max_staleness, delete retention, file size) in
+`<root>/_cdcflow/table.json`, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from cdcflow.errors import InvalidArgument, NotFound
+
+
+@dataclass(frozen=True, slots=True)
+class TableOptions:
+    primary_key: tuple[str, ...]
+    max_staleness_seconds: float | None
+    delete_retention_seconds: float
+    target_file_rows: int
+
+    def validated(self) -> TableOptions:
+        if self.max_staleness_seconds is not None and self.max_staleness_seconds <= 0:
+            raise InvalidArgument(
+                f"max_staleness {timedelta(seconds=self.max_staleness_seconds)} must be positive"
+            )
+        if self.delete_retention_seconds < 0:
+            raise InvalidArgument("delete_retention must not be negative")
+        if self.target_file_rows < 1:
+            raise InvalidArgument(f"target_file_rows {self.target_file_rows} must be positive")
+        return self
+
+    def public(self) -> dict[str, Any]:
+        """Options as read back from table metadata (AP-5)."""
+        staleness = self.max_staleness_seconds
+        return {
+            "primary_key": list(self.primary_key),
+            "max_staleness": None if staleness is None else timedelta(seconds=staleness),
+            "delete_retention": timedelta(seconds=self.delete_retention_seconds),
+            "target_file_rows": self.target_file_rows,
+        }
+
+    def altered(self, **changes: Any) -> TableOptions:
+        values: dict[str, Any] = {}
+        for name, value in changes.items():
+            if name == "max_staleness":
+                values["max_staleness_seconds"] = None if value is None else _seconds(value)
+            elif name == "delete_retention":
+                values["delete_retention_seconds"] = _seconds(value)
+            elif name == "target_file_rows":
+                values["target_file_rows"] = int(value)
+            else:
+                raise InvalidArgument(
+                    f"option {name!r} cannot be altered; use max_staleness, delete_retention "
+                    "or target_file_rows"
+                )
+        return replace(self, **values).validated()
+
+
+def _seconds(value: Any) -> float:
+    if not isinstance(value, timedelta):
+        raise InvalidArgument(f"{value!r} must be a datetime.timedelta")
+    return value.total_seconds()
+
+
+def meta_dir(root: str | Path) -> Path:
+    return Path(root) / "_cdcflow"
+
+
+def save_options(root: str | Path, options: TableOptions) -> None:
+    folder = meta_dir(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".table.json.{os.getpid()}"
+    temporary.write_text(json.dumps(asdict(options)))
+    os.replace(temporary, folder / "table.json")
+
+
+def load_options(root: str | Path) -> TableOptions:
+    path = meta_dir(root) / "table.json"
+    if not path.exists():
+        raise NotFound(f"{root} is not a cdcflow CDC table (no {path})")
+    data = json.loads(path.read_text())
+    return TableOptions(
+        tuple(data["primary_key"]),
+        data["max_staleness_seconds"],
+        data["delete_retention_seconds"],
+        data["target_file_rows"],
+    )

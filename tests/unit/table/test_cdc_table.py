@@ -1,0 +1,221 @@
+"""CDC tables (AP-1..AP-10): the seed's example, staleness timeline, errors, watermarks."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from cdcflow import FakeClock
+from cdcflow.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from cdcflow.table import CdcTable
+
+pytestmark = pytest.mark.unit
+SCHEMA = "id INT64 NOT NULL, name STRING(MAX), salary INT64"
+
+
+def rows(table: CdcTable) -> list[tuple]:
+    return sorted((r["id"], r["name"], r["salary"]) for r in table.to_arrow().to_pylist())
+
+
+def test_seed_example(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "employees", SCHEMA, ["id"])
+    table.connection().append([
+        {"id": 100, "name": "Charlie", "salary": 2000, "_CHANGE_TYPE": "UPSERT"},
+        {"id": 101, "name": "Tal", "salary": 3000, "_CHANGE_TYPE": "UPSERT"},
+        {"id": 102, "name": "Lee", "salary": 5000, "_CHANGE_TYPE": "UPSERT"},
+    ])
+    table.apply()
+    table.connection().append([
+        {"id": 100, "_CHANGE_TYPE": "DELETE"},
+        {"id": 101, "name": "Tal", "salary": 8000, "_CHANGE_TYPE": "UPSERT"},
+        {"id": 105, "name": "Izumi", "salary": 6000, "_CHANGE_TYPE": "UPSERT"},
+    ])
+    expected = [(101, "Tal", 8000), (102, "Lee", 5000), (105, "Izumi", 6000)]
+    assert rows(table) == expected  # no max_staleness: a runtime merge
+    table.apply()
+    assert rows(table) == expected
+    plain = DeltaTable(str(tmp_path / "employees")).to_pyarrow_table()
+    assert sorted(plain.column_names) == ["id", "name", "salary"]  # AP-10
+    assert sorted(r["id"] for r in plain.to_pylist()) == [101, 102, 105]
+
+
+def test_staleness_timeline_alter_and_options(tmp_path: Path):
+    clock = FakeClock()
+    t0 = clock.now()
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"], max_staleness=timedelta(minutes=10),
+                            clock=clock)
+    assert table.upsert_stream_apply_watermark is None
+    assert table.options["max_staleness"] == timedelta(minutes=10)
+    connection = table.connection()
+    connection.append([{"id": 1, "name": "a", "salary": 1, "_CHANGE_TYPE": "UPSERT"}])
+    clock.advance(timedelta(minutes=20))
+    table.apply()  # the last apply at T20
+    assert table.upsert_stream_apply_watermark == t0 + timedelta(minutes=20)
+    connection.append([{"id": 1, "name": "a", "salary": 2, "_CHANGE_TYPE": "UPSERT"},
+                       {"id": 2, "name": "b", "salary": 3, "_CHANGE_TYPE": "UPSERT"}])
+    clock.advance(timedelta(minutes=5))  # T25: within staleness, the T20 version
+    assert rows(table) == [(1, "a", 1)]
+    clock.advance(timedelta(minutes=10))  # T35: outside, a runtime merge
+    assert rows(table) == [(1, "a", 2), (2, "b", 3)]
+    assert table.upsert_stream_apply_watermark == t0 + timedelta(minutes=20)
+    table.alter(max_staleness=timedelta(minutes=15))  # T35 - T20 = 15: inside again
+    assert CdcTable.open(tmp_path / "t").options["max_staleness"] == timedelta(minutes=15)
+    assert rows(table) == [(1, "a", 1)]
+    with pytest.raises(InvalidArgument, match="cannot be altered"):
+        table.alter(primary_key=["name"])
+    with pytest.raises(InvalidArgument, match="must be positive"):
+        table.alter(max_staleness=timedelta(0))
+
+
+def test_connection_mixing_change_types_fails_and_keeps_nothing(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    connection = table.connection()
+    connection.append([{"id": 1, "name": "a", "salary": 1, "_CHANGE_TYPE": "UPSERT"}])
+    for bad in ([{"id": 2, "_CHANGE_TYPE": "INSERT"}], [{"id": 2, "name": "x"}]):
+        with pytest.raises(InvalidArgument, match="The given value is not a valid CHANGE_TYPE"):
+            connection.append(bad)
+    with pytest.raises(InvalidArgument, match="The given value is not a valid CHANGE_TYPE"):
+        table.connection().append([{"id": 3, "_CHANGE_TYPE": "UPSERT"},
+                                   {"id": 4, "_CHANGE_TYPE": "INSERT"}])
+    with pytest.raises(InvalidArgument, match="'MERGE'"):
+        table.connection().append([{"id": 3, "_CHANGE_TYPE": "MERGE"}])
+    plain = table.connection()
+    plain.append([{"id": 7, "name": "p", "salary": 7}])
+    with pytest.raises(InvalidArgument, match="The given value is not a valid CHANGE_TYPE"):
+        plain.append([{"id": 8, "_CHANGE_TYPE": "UPSERT"}])
+    assert rows(table) == [(1, "a", 1), (7, "p", 7)]
+
+
+BAD_ROWS = [
+    ([{"id": 1, "_CHANGE_TYPE": "UPSERT", "_CHANGE_SEQUENCE_NUMBER": "1/2/3/4/5"}], "row 0",
+     "1 to 4 sections"),
+    ([{"id": 1, "_CHANGE_TYPE": "UPSERT"}, {"id": 2, "_CHANGE_TYPE": "UPSERT",
+                                            "_CHANGE_SEQUENCE_NUMBER": "G"}], "row 1", "'G'"),
+    ([{"id": None, "_CHANGE_TYPE": "UPSERT"}], "row 0", "can't be NULL"),
+    ([{"name": "x", "_CHANGE_TYPE": "UPSERT"}], "'id'", "can't be NULL"),
+    ([{"id": 1, "bogus": 2, "_CHANGE_TYPE": "UPSERT"}], "bogus", "not in the table"),
+    ([{"id": "one", "_CHANGE_TYPE": "UPSERT"}], "'id'", "cannot hold"),
+]
+
+
+@pytest.mark.parametrize(("data", "where", "rule"), BAD_ROWS)
+def test_bad_rows_are_rejected_whole(tmp_path: Path, data: list, where: str, rule: str):
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    with pytest.raises(InvalidArgument) as caught:
+        table.connection().append(data)
+    assert where in str(caught.value) and rule in str(caught.value)
+    assert not table.has_pending_changes()
+
+
+def test_create_rules(tmp_path: Path):
+    with pytest.raises(InvalidArgument, match="1 to 16"):
+        CdcTable.create(tmp_path / "a", SCHEMA, [])
+    wide = pa.schema([(f"c{i}", pa.int64()) for i in range(17)])
+    with pytest.raises(InvalidArgument, match="1 to 16"):
+        CdcTable.create(tmp_path / "b", wide, [f"c{i}" for i in range(17)])
+    huge = pa.schema([(f"c{i}", pa.int64()) for i in range(2001)])
+    with pytest.raises(InvalidArgument, match="2000 columns"):
+        CdcTable.create(tmp_path / "c", huge, ["c0"])
+    with pytest.raises(InvalidArgument, match="reserved"):
+        CdcTable.create(tmp_path / "d", "id INT64, _CHANGE_TYPE STRING(MAX)", ["id"])
+    with pytest.raises(InvalidArgument, match="'nope'"):
+        CdcTable.create(tmp_path / "e", SCHEMA, ["nope"])
+    CdcTable.create(tmp_path / "f", SCHEMA, ["id", "name"])
+    with pytest.raises(AlreadyExists):
+        CdcTable.create(tmp_path / "f", SCHEMA, ["id"])
+
+
+def test_sequence_numbers_beat_ingestion_order_and_ties_fall_back(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    connection = table.connection()
+    connection.append([{"id": 1, "name": "new", "salary": 2, "_CHANGE_TYPE": "UPSERT",
+                        "_CHANGE_SEQUENCE_NUMBER": "FFF/ABC"}])
+    table.apply()
+    connection.append([{"id": 1, "name": "old", "salary": 1, "_CHANGE_TYPE": "UPSERT",
+                        "_CHANGE_SEQUENCE_NUMBER": "FFF/B"}])
+    table.apply()
+    assert rows(table) == [(1, "new", 2)]
+    connection.append([{"id": 1, "name": "tie", "salary": 3, "_CHANGE_TYPE": "UPSERT",
+                        "_CHANGE_SEQUENCE_NUMBER": "fff/abc"}])
+    assert rows(table) == [(1, "tie", 3)]  # equal: the later ingestion wins
+
+
+def test_tombstone_blocks_late_older_upsert_until_retention_ends(tmp_path: Path):
+    clock = FakeClock()
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"], delete_retention=timedelta(days=2),
+                            clock=clock)
+    connection = table.connection()
+    connection.append([{"id": 1, "name": "a", "salary": 1, "_CHANGE_TYPE": "UPSERT",
+                        "_CHANGE_SEQUENCE_NUMBER": "5"}])
+    connection.append([{"id": 1, "_CHANGE_TYPE": "DELETE", "_CHANGE_SEQUENCE_NUMBER": "9"}])
+    table.apply()
+    late = [{"id": 1, "name": "late", "salary": 0, "_CHANGE_TYPE": "UPSERT",
+             "_CHANGE_SEQUENCE_NUMBER": "7"}]
+    connection.append(late)
+    table.apply()
+    assert rows(table) == []
+    clock.advance(timedelta(days=3))
+    table.connection().append([{"id": 2, "_CHANGE_TYPE": "UPSERT"}])
+    table.apply()  # the tombstone's window has passed: it is dropped
+    connection.append(late)
+    table.apply()
+    assert rows(table) == [(1, "late", 0), (2, None, None)]
+
+
+def test_exactly_once_appends_with_app_ids(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    batch = [{"id": 1, "name": "a", "salary": 1, "_CHANGE_TYPE": "UPSERT"}]
+    connection = table.connection()
+    assert connection.append(batch, app_id="q1", version=0)
+    assert not connection.append(batch, app_id="q1", version=0)
+    table.apply()
+    assert not connection.append(batch, app_id="q1", version=0)  # still known after apply
+    assert connection.append(batch, app_id="q1", version=1)
+    assert not table.connection().append(batch, app_id="q1", version=1)
+
+
+def test_jobs_recommendation_and_export(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    table.connection().append([{"id": i, "_CHANGE_TYPE": "UPSERT"} for i in range(10)])
+    with pytest.raises(FailedPrecondition, match="unapplied"):
+        table.export(tmp_path / "out.parquet", apply_first=False)
+    assert table.export(tmp_path / "out.parquet") == 10
+    table.apply()
+    jobs = table.apply_jobs()
+    assert len(jobs) == 2 and all(j["duration_seconds"] >= 0 for j in jobs)
+    assert jobs[0]["version"] > jobs[1]["version"]
+    p95 = max(j["duration_seconds"] for j in jobs)
+    assert table.recommended_max_staleness(buffer=timedelta(0)) == timedelta(seconds=2 * p95)
+    assert table.recommended_max_staleness(tolerated=timedelta(hours=1)) == timedelta(hours=1)
+
+
+def test_files_split_and_only_touched_ranges_are_rewritten(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"], target_file_rows=100)
+    table.connection().append([{"id": i, "salary": i, "_CHANGE_TYPE": "UPSERT"}
+                               for i in range(1000)])
+    first = table.apply()
+    assert first["rows"] == 1000
+    files = len(DeltaTable(str(tmp_path / "t")).file_uris())
+    assert files >= 5
+    table.connection().append([{"id": 5, "salary": -5, "_CHANGE_TYPE": "UPSERT"},
+                               {"id": 6, "_CHANGE_TYPE": "DELETE"}])
+    second = table.apply()
+    assert second["files_rewritten"] == 1
+    assert len(table.to_arrow()) == 999
+    background = CdcTable.create(tmp_path / "b", SCHEMA, ["id"],
+                                 max_staleness=timedelta(milliseconds=200))
+    background.connection().append([{"id": 1, "_CHANGE_TYPE": "UPSERT"}])
+    background.start_background_apply()
+    try:
+        import time
+        deadline = time.monotonic() + 10
+        while background.upsert_stream_apply_watermark is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        background.stop_background_apply()
+    assert background.upsert_stream_apply_watermark is not None
+    assert not background.has_pending_changes()
