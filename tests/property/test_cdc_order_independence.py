@@ -29,7 +29,8 @@ change = st.tuples(
 )
 def test_same_set_of_changes_gives_same_table(changes, data):
     numbered = [
-        {"id": key, "v": None if delete else value, "_CHANGE_TYPE": "DELETE" if delete else "UPSERT",
+        {"id": key, "v": None if delete else value,
+         "_CHANGE_TYPE": "DELETE" if delete else "UPSERT",
          "_CHANGE_SEQUENCE_NUMBER": f"{seq // 7:X}/{seq:x}"}
         for seq, (key, delete, value) in enumerate(changes)
     ]
