@@ -7,6 +7,7 @@ that failed (e.g. a delete of a missing row) logs nothing, and must leave nothin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -84,6 +85,29 @@ def run_writer(
             log.flush()
             if pause_seconds:
                 time.sleep(rng.uniform(0, pause_seconds))
+    database.close()
+
+
+def run_mixed_writer(path: str, seed: int, transactions: int, key_space: int = 150) -> None:
+    """Random inserts, partial updates (one column) and deletes; failed ones write nothing."""
+    rng = random.Random(seed)
+    database = Database.open(path)
+    for _ in range(transactions):
+        tx = database.transaction()
+        for _ in range(rng.randint(1, 4)):
+            key = rng.randrange(key_space)
+            choice = rng.random()
+            if choice < 0.4:
+                tx.insert_or_update("Accounts", {"Id": key, "Owner": rng.choice(["a", "b"]),
+                                                 "Balance": rng.randrange(100)})
+            elif choice < 0.6:
+                tx.update("Accounts", {"Id": key, "Balance": rng.randrange(100)})
+            elif choice < 0.8:
+                tx.update("Accounts", {"Id": key, "Owner": rng.choice(["c", None])})
+            else:
+                tx.delete("Accounts", {"Id": key})
+        with contextlib.suppress(NotFound, AlreadyExists):
+            tx.commit()
     database.close()
 
 

@@ -20,9 +20,17 @@ from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.table import pending
-from cdcflow.table.apply import JOB, ApplyPlan, apply_lock, commit_apply, plan_apply
+from cdcflow.table.apply import (
+    JOB,
+    ApplyPlan,
+    apply_lock,
+    commit_apply,
+    load_changes,
+    plan_apply,
+)
 from cdcflow.table.arrow_types import check_schema, schema_from_ddl
-from cdcflow.table.layout import read_manifest
+from cdcflow.table.layout import read_file, read_manifest
+from cdcflow.table.merge import FileContent, assign, merge_into, winners
 from cdcflow.table.metadata import TableOptions, load_options, save_options
 
 
@@ -134,9 +142,7 @@ class CdcTable:
 
     def has_pending_changes(self) -> bool:
         manifest = read_manifest(DeltaTable(str(self.root)))
-        pending_table = DeltaTable(pending.pending_path(self.root))
-        actions = pa.table(pending_table.get_add_actions(flatten=True))
-        return any(p not in manifest.applied_pending for p in actions.column("path").to_pylist())
+        return any(p not in manifest.applied_pending for p in _pending_paths(self.root))
 
     def is_within_staleness(self) -> bool:
         staleness = self._options.max_staleness_seconds
@@ -162,6 +168,27 @@ class CdcTable:
         rows = [row for content in plan.touched.values() for row in content.rows.values()]
         parts.append(pa.Table.from_pylist(rows, schema=schema))
         return pa.concat_tables([p.cast(schema) for p in parts])
+
+    def lookup(self, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The fresh rows (pending changes merged) of `keys`; absent keys are left out.
+        Reads only the ranges holding those keys, plus the pending changes."""
+        wanted = set(keys)
+        if not wanted:
+            return {}
+        schema, key_columns = self.schema, self.primary_key
+        manifest = read_manifest(DeltaTable(str(self.root)))
+        lows = [f.low for f in manifest.files]
+        contents = {i: read_file(self.root, manifest.files[i], key_columns)
+                    for i in {assign(lows, k) for k in wanted} if manifest.files}
+        unapplied = [p for p in _pending_paths(self.root) if p not in manifest.applied_pending]
+        changes = [c for c in load_changes(self.root, unapplied, schema, key_columns)
+                   if c.key in wanted]
+        for change in winners(changes).values():
+            index = assign(lows, change.key) if lows else 0
+            content = contents.setdefault(index, FileContent())
+            merge_into(content, [change], to_micros(self.clock.now()), 1 << 62)
+        return {k: row for content in contents.values() for k, row in content.rows.items()
+                if k in wanted}
 
     def to_spark(self, spark: Any) -> Any:
         """A Spark DataFrame of `to_arrow()`'s view (baseline files read by Spark directly)."""
@@ -244,3 +271,8 @@ def _as_arrow(rows: Any) -> pa.Table:
         return pa.Table.from_pandas(rows, preserve_index=False)
     raise InvalidArgument(f"append cannot take {type(rows).__name__}; pass a pyarrow Table, "
                           "a list of dicts or a pandas DataFrame")
+
+
+def _pending_paths(root: Path) -> list[str]:
+    actions = pa.table(DeltaTable(pending.pending_path(root)).get_add_actions(flatten=True))
+    return [str(p) for p in actions.column("path").to_pylist()]
