@@ -71,8 +71,8 @@ def test_spark_sink_is_exactly_once_per_batch_id(spark, tmp_path: Path):
     sink = cdc_table_sink(tmp_path / "t")
     sink(frame, 0)
     sink(frame, 0)  # a replayed batch
-    deletes = spark.createDataFrame([(3, "DELETE", "ff")],
-                                    "id BIGINT, _CHANGE_TYPE STRING, _CHANGE_SEQUENCE_NUMBER STRING")
+    deletes = spark.createDataFrame(
+        [(3, "DELETE", "ff")], "id BIGINT, _CHANGE_TYPE STRING, _CHANGE_SEQUENCE_NUMBER STRING")
     sink(deletes, 1)
     rows = table.to_arrow().to_pylist()
     assert len(rows) == 49 and {r["id"] for r in rows} == set(range(50)) - {3}
