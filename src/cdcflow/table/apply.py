@@ -25,7 +25,15 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 from cdcflow.table.layout import MANIFEST, FileEntry, Manifest, read_file, read_manifest, write_file
-from cdcflow.table.merge import Change, FileContent, assign, merge_into, split, winners
+from cdcflow.table.merge import (
+    Change,
+    FileContent,
+    assign,
+    merge_into,
+    split,
+    state_schema,
+    winners,
+)
 from cdcflow.table.pending import CHANGE_TYPE, INGEST, ROW, SEQ_KEY, pending_path
 
 JOB = "cdcflow.job"
@@ -60,8 +68,8 @@ def load_changes(root: Path, files: list[str], schema: pa.Schema,
     return changes
 
 
-def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...], now_micros: int,
-               retention_micros: int) -> ApplyPlan:
+def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...],
+               now_micros: int) -> ApplyPlan:
     """Read the pending changes and merge them into the ranges they touch, in memory."""
     manifest = read_manifest(DeltaTable(str(root)))
     pending = _pending_files(root)
@@ -74,9 +82,9 @@ def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...], now_
         index = assign(lows, change.key) if lows else 0
         groups.setdefault(index, []).append(change)
     for index, group in groups.items():
-        content = (read_file(root, manifest.files[index], primary_key) if manifest.files
-                   else FileContent())
-        result.applied += merge_into(content, group, now_micros, retention_micros)
+        content = (read_file(root, manifest.files[index], schema, primary_key)
+                   if manifest.files else FileContent.empty(schema, primary_key))
+        result.applied += merge_into(content, group, now_micros)
         result.touched[index] = content
     return result
 
@@ -94,8 +102,8 @@ def apply_lock(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def commit_apply(root: Path, plan: ApplyPlan, schema: pa.Schema, primary_key: tuple[str, ...],
-                 target_rows: int, watermark: int, started: float) -> dict[str, Any]:
+def commit_apply(root: Path, plan: ApplyPlan, primary_key: tuple[str, ...], target_rows: int,
+                 watermark: int, retention_micros: int, started: float) -> dict[str, Any]:
     """Write the touched ranges anew and commit them with the manifest in one Delta commit."""
     manifest = plan.manifest
     entries: list[FileEntry] = [f for i, f in enumerate(manifest.files) if i not in plan.touched]
@@ -105,10 +113,11 @@ def commit_apply(root: Path, plan: ApplyPlan, schema: pa.Schema, primary_key: tu
         if manifest.files:
             old = manifest.files[index]
             actions.append(RemoveAction(old.data, True, now_ms, old.size, {}))
-        for piece in split(content, target_rows):
-            if not piece.state:
+        data, state = content.materialize(watermark, retention_micros)
+        for piece_data, piece_state in split(data, state, primary_key, target_rows):
+            if not piece_state.num_rows:
                 continue
-            entry = write_file(root, piece, schema, primary_key)
+            entry = write_file(root, piece_data, piece_state, primary_key)
             entries.append(entry)
             actions.append(AddAction(entry.data, entry.size, {}, now_ms, True,
                                      json.dumps({"numRecords": entry.rows})))
@@ -140,3 +149,39 @@ def _drop_applied_pending(root: Path, files: list[tuple[str, int]]) -> None:
         [RemoveAction(path, True, now_ms, size, {}) for path, size in files],
         mode="append", schema=pending.schema(),
     )
+
+
+def load_sorted(root: Path, data: pa.Table, primary_key: tuple[str, ...], target_rows: int,
+                watermark: int, started: float) -> dict[str, Any]:
+    """Write `data` as key ranges of `target_rows` with fresh state, in one Delta commit."""
+    order = [(k, "ascending") for k in primary_key]
+    data = data.sort_by(order)
+    rows = data.num_rows
+    state_columns = {k: data.column(k) for k in primary_key} | {
+        "_seq_key": pa.array([""] * rows, pa.string()),
+        "_ingest": pa.array([0] * rows, pa.int64()),
+        "_row": pa.array(range(rows), pa.int64()),
+        "_deleted_at": pa.nulls(rows, pa.int64()),
+    }
+    state = pa.Table.from_pydict(state_columns, schema=state_schema(data.schema, primary_key))
+    plan = ApplyPlan(read_manifest(DeltaTable(str(root))), [], rows)
+    now_ms = int(time.time() * 1000)
+    entries, actions = [], []
+    for start in range(0, rows, target_rows):
+        entry = write_file(root, data.slice(start, target_rows), state.slice(start, target_rows),
+                           primary_key)
+        entries.append(entry)
+        actions.append(AddAction(entry.data, entry.size, {}, now_ms, True,
+                                 json.dumps({"numRecords": entry.rows})))
+    stats = {"started": started, "ended": time.time(), "changes": rows, "applied": rows,
+             "files_rewritten": 0, "rows": rows, "watermark": watermark, "bulk_load": True}
+    stats["duration_seconds"] = stats["ended"] - started
+    manifest = Manifest(tuple(entries), plan.manifest.applied_pending, watermark,
+                        plan.manifest.version + 1)
+    table = DeltaTable(str(root))
+    table.create_write_transaction(
+        list(actions), mode="append", schema=table.schema(),
+        commit_properties=CommitProperties(custom_metadata={
+            MANIFEST: manifest.to_json(), JOB: json.dumps(stats)}),
+    )
+    return stats

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -26,11 +27,12 @@ from cdcflow.table.apply import (
     apply_lock,
     commit_apply,
     load_changes,
+    load_sorted,
     plan_apply,
 )
 from cdcflow.table.arrow_types import check_schema, schema_from_ddl
 from cdcflow.table.layout import read_file, read_manifest
-from cdcflow.table.merge import FileContent, assign, merge_into, winners
+from cdcflow.table.merge import FileContent, assign, key_array, merge_into, winners
 from cdcflow.table.metadata import TableOptions, load_options, save_options
 
 
@@ -108,12 +110,15 @@ class CdcTable:
             started = time.time()
             watermark = to_micros(self.clock.now())
             plan = self._plan(watermark)
-            return commit_apply(self.root, plan, self.schema, self.primary_key,
-                                self._options.target_file_rows, watermark, started)
+            return commit_apply(self.root, plan, self.primary_key,
+                                self._options.target_file_rows, watermark, self._retention(),
+                                started)
+
+    def _retention(self) -> int:
+        return int(self._options.delete_retention_seconds * 1_000_000)
 
     def _plan(self, now_micros: int) -> ApplyPlan:
-        retention = int(self._options.delete_retention_seconds * 1_000_000)
-        return plan_apply(self.root, self.schema, self.primary_key, now_micros, retention)
+        return plan_apply(self.root, self.schema, self.primary_key, now_micros)
 
     def start_background_apply(self, interval: timedelta | None = None) -> None:
         """Apply at least once per max_staleness (AP-5), in a daemon thread."""
@@ -163,11 +168,28 @@ class CdcTable:
 
     def _merged(self, plan: ApplyPlan) -> pa.Table:
         schema = self.schema
+        now = to_micros(self.clock.now())
         parts = [pq.read_table(self.root / f.data) for i, f in enumerate(plan.manifest.files)
                  if i not in plan.touched]
-        rows = [row for content in plan.touched.values() for row in content.rows.values()]
-        parts.append(pa.Table.from_pylist(rows, schema=schema))
-        return pa.concat_tables([p.cast(schema) for p in parts])
+        parts += [c.materialize(now, self._retention())[0] for c in plan.touched.values()]
+        return pa.concat_tables([p.cast(schema) for p in parts], promote_options="none")
+
+    def bulk_load(self, rows: pa.Table) -> dict[str, Any]:
+        """Load an initial snapshot (a backfill) into an empty table in one commit, fast:
+        rows are sorted and cut into ranges by Arrow, with no per-row Python work. Keys must be
+        unique; their order is the lowest (an empty sequence number), so any streamed change
+        of the same key wins."""
+        with apply_lock(self.root):
+            if read_manifest(DeltaTable(str(self.root))).files:
+                raise FailedPrecondition(f"bulk_load needs an empty table; {self.root} has rows")
+            schema, key_columns = self.schema, self.primary_key
+            data = rows.select(schema.names).cast(schema)
+            keys = key_array(data, key_columns)
+            if pc.count_distinct(keys).as_py() != data.num_rows:
+                raise InvalidArgument("bulk_load rows repeat a primary key; keys must be unique")
+            started = time.time()
+            return load_sorted(self.root, data, key_columns, self._options.target_file_rows,
+                               to_micros(self.clock.now()), started)
 
     def lookup(self, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The fresh rows (pending changes merged) of `keys`; absent keys are left out.
@@ -178,17 +200,28 @@ class CdcTable:
         schema, key_columns = self.schema, self.primary_key
         manifest = read_manifest(DeltaTable(str(self.root)))
         lows = [f.low for f in manifest.files]
-        contents = {i: read_file(self.root, manifest.files[i], key_columns)
+        contents = {i: read_file(self.root, manifest.files[i], schema, key_columns)
                     for i in {assign(lows, k) for k in wanted} if manifest.files}
         unapplied = [p for p in _pending_paths(self.root) if p not in manifest.applied_pending]
         changes = [c for c in load_changes(self.root, unapplied, schema, key_columns)
                    if c.key in wanted]
         for change in winners(changes).values():
             index = assign(lows, change.key) if lows else 0
-            content = contents.setdefault(index, FileContent())
-            merge_into(content, [change], to_micros(self.clock.now()), 1 << 62)
-        return {k: row for content in contents.values() for k, row in content.rows.items()
-                if k in wanted}
+            content = contents.setdefault(index, FileContent.empty(schema, key_columns))
+            merge_into(content, [change], to_micros(self.clock.now()))
+        found: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for content in contents.values():
+            data = content.data
+            if data.num_rows:
+                mask = pc.is_in(key_array(data, key_columns),
+                                value_set=key_array(content._keys_table(list(wanted)), key_columns))
+                data = data.filter(mask)
+            for row in data.to_pylist():
+                key = tuple(row[k] for k in key_columns)
+                if key in wanted and key not in content.touched:
+                    found[key] = row
+            found.update({k: r for k, r in content.rows.items() if k in wanted})
+        return found
 
     def to_spark(self, spark: Any) -> Any:
         """A Spark DataFrame of `to_arrow()`'s view (baseline files read by Spark directly)."""

@@ -22,11 +22,9 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from cdcflow.model.timestamps import parse_timestamp
-from cdcflow.table.merge import FileContent, Key, KeyState
+from cdcflow.table.merge import FileContent, Key, state_schema
 
 MANIFEST = "cdcflow.manifest"
-_STATE_FIELDS = [("_seq_key", pa.string()), ("_ingest", pa.int64()), ("_row", pa.int64()),
-                 ("_deleted_at", pa.int64())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,37 +93,23 @@ def read_manifest(table: DeltaTable) -> Manifest:
     return Manifest((), frozenset(), None, table.version())
 
 
-def read_file(root: Path, entry: FileEntry, primary_key: tuple[str, ...]) -> FileContent:
-    content = FileContent()
-    for row in pq.read_table(root / entry.data).to_pylist():
-        content.rows[tuple(row[k] for k in primary_key)] = row
-    for row in pq.read_table(root / entry.state).to_pylist():
-        key = tuple(row[k] for k in primary_key)
-        order = (row["_seq_key"], row["_ingest"], row["_row"])
-        content.state[key] = KeyState(order, row["_deleted_at"])
-    return content
+def read_file(root: Path, entry: FileEntry, schema: pa.Schema,
+              primary_key: tuple[str, ...]) -> FileContent:
+    data = pq.read_table(root / entry.data).cast(schema)
+    state = pq.read_table(root / entry.state).cast(state_schema(schema, primary_key))
+    return FileContent(schema, primary_key, data, state)
 
 
-def write_file(root: Path, content: FileContent, schema: pa.Schema,
+def write_file(root: Path, data: pa.Table, state: pa.Table,
                primary_key: tuple[str, ...]) -> FileEntry:
-    """Write one range's data and state files under fresh names; return its entry."""
+    """Write one range's sorted data and state under fresh names; return its entry."""
     name = f"{time.strftime('%Y%m%d')}-{uuid.uuid4().hex}.parquet"
     data_path, state_path = f"data/{name}", f"_cdcflow/state/{name}"
     (root / "data").mkdir(exist_ok=True)
     (root / "_cdcflow" / "state").mkdir(parents=True, exist_ok=True)
-    keys = sorted(content.rows)
-    data = pa.Table.from_pylist([content.rows[k] for k in keys], schema=schema)
     pq.write_table(data, root / data_path)
-    state_keys = sorted(content.state)
-    key_fields = [schema.field(k) for k in primary_key]
-    state_schema = pa.schema(key_fields + [pa.field(n, t) for n, t in _STATE_FIELDS])
-    state_rows = []
-    for key in state_keys:
-        known = content.state[key]
-        state_rows.append(dict(zip(primary_key, key, strict=True)) | {
-            "_seq_key": known.order[0], "_ingest": known.order[1], "_row": known.order[2],
-            "_deleted_at": known.deleted_at})
-    pq.write_table(pa.Table.from_pylist(state_rows, schema=state_schema), root / state_path)
-    low = content.lowest_key()
-    return FileEntry(data_path, state_path, low if low is not None else (),
-                     data.num_rows, os.path.getsize(root / data_path))
+    pq.write_table(state, root / state_path)
+    first = state.slice(0, 1).to_pylist()
+    low = tuple(first[0][k] for k in primary_key) if first else ()
+    return FileEntry(data_path, state_path, low, data.num_rows,
+                     os.path.getsize(root / data_path))

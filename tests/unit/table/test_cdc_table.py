@@ -219,3 +219,27 @@ def test_files_split_and_only_touched_ranges_are_rewritten(tmp_path: Path):
         background.stop_background_apply()
     assert background.upsert_stream_apply_watermark is not None
     assert not background.has_pending_changes()
+
+
+def test_bulk_load_then_changes_and_lookup(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"], target_file_rows=100)
+    snapshot = pa.table({"id": list(range(1000)), "name": ["n"] * 1000,
+                         "salary": list(range(1000))})
+    stats = table.bulk_load(snapshot)
+    assert stats["rows"] == 1000 and len(DeltaTable(str(tmp_path / "t")).file_uris()) == 10
+    with pytest.raises(FailedPrecondition, match="empty table"):
+        table.bulk_load(snapshot)
+    other = CdcTable.create(tmp_path / "u", SCHEMA, ["id"])
+    with pytest.raises(InvalidArgument, match="repeat a primary key"):
+        other.bulk_load(pa.table({"id": [1, 1], "name": ["a", "b"], "salary": [1, 2]}))
+    table.connection().append([{"id": 5, "name": "x", "salary": 0, "_CHANGE_TYPE": "UPSERT"},
+                               {"id": 7, "_CHANGE_TYPE": "DELETE"},
+                               {"id": 2000, "name": "new", "_CHANGE_TYPE": "UPSERT"}])
+    assert table.lookup([(5,), (7,), (8,), (2000,), (99999,)]) == {
+        (5,): {"id": 5, "name": "x", "salary": 0},
+        (8,): {"id": 8, "name": "n", "salary": 8},
+        (2000,): {"id": 2000, "name": "new", "salary": None},
+    }
+    job = table.apply()
+    assert job["files_rewritten"] == 2  # the range of 5 and 7, and the last range
+    assert len(table.to_arrow()) == 1000
