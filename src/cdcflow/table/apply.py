@@ -20,31 +20,34 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 from cdcflow.table.layout import MANIFEST, FileEntry, Manifest, read_file, read_manifest, write_file
 from cdcflow.table.merge import (
-    Change,
-    FileContent,
-    assign,
-    merge_into,
+    assign_slices,
+    key_array,
+    key_tuples,
+    merge_range,
     split,
     state_schema,
     winners,
 )
-from cdcflow.table.pending import CHANGE_TYPE, INGEST, ROW, SEQ_KEY, pending_path
+from cdcflow.table.pending import pending_path, pending_schema
 
 JOB = "cdcflow.job"
 
 
 @dataclass(slots=True)
 class ApplyPlan:
+    """The merged ranges an apply would write: file index -> (data, state)."""
+
     manifest: Manifest
     pending_files: list[tuple[str, int]]
     changes: int
-    touched: dict[int, FileContent] = field(default_factory=dict)
+    touched: dict[int, tuple[pa.Table, pa.Table]] = field(default_factory=dict)
     applied: int = 0
 
 
@@ -53,39 +56,35 @@ def _pending_files(root: Path) -> list[tuple[str, int]]:
     return sorted((a["path"], a["size_bytes"]) for a in actions)
 
 
-def load_changes(root: Path, files: list[str], schema: pa.Schema,
-                 primary_key: tuple[str, ...]) -> list[Change]:
-    changes = []
-    names = schema.names
-    for name in files:
-        for row in pq.read_table(Path(pending_path(root)) / name).to_pylist():
-            changes.append(Change(
-                key=tuple(row[k] for k in primary_key),
-                order=(row[SEQ_KEY], row[INGEST], row[ROW]),
-                delete=row[CHANGE_TYPE] == "DELETE",
-                row={n: row[n] for n in names},
-            ))
-    return changes
+def load_changes(root: Path, files: list[str], schema: pa.Schema) -> pa.Table:
+    """The pending rows of `files` as one table in the pending schema."""
+    target = pending_schema(schema)
+    tables = [pq.read_table(Path(pending_path(root)) / name).cast(target) for name in files]
+    return pa.concat_tables(tables) if tables else target.empty_table()
 
 
-def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...],
-               now_micros: int) -> ApplyPlan:
-    """Read the pending changes and merge them into the ranges they touch, in memory."""
+def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...], now_micros: int,
+               retention_micros: int, only_keys: pa.Array | None = None) -> ApplyPlan:
+    """Merge the unapplied pending changes (optionally only those of some keys) into the
+    ranges they touch, in memory."""
     manifest = read_manifest(DeltaTable(str(root)))
     pending = _pending_files(root)
     unapplied = [p for p, _ in pending if p not in manifest.applied_pending]
-    changes = list(winners(load_changes(root, unapplied, schema, primary_key)).values())
-    result = ApplyPlan(manifest, pending, len(changes))
-    lows = [f.low for f in manifest.files]
-    groups: dict[int, list[Change]] = {}
-    for change in changes:
-        index = assign(lows, change.key) if lows else 0
-        groups.setdefault(index, []).append(change)
-    for index, group in groups.items():
-        content = (read_file(root, manifest.files[index], schema, primary_key)
-                   if manifest.files else FileContent.empty(schema, primary_key))
-        result.applied += merge_into(content, group, now_micros)
-        result.touched[index] = content
+    changes = load_changes(root, unapplied, schema)
+    if only_keys is not None:
+        changes = changes.filter(pc.is_in(key_array(changes, primary_key), value_set=only_keys))
+    best = winners(changes, primary_key)
+    result = ApplyPlan(manifest, pending, best.num_rows)
+    slices = assign_slices([f.low for f in manifest.files], key_tuples(best, primary_key))
+    for index, (begin, finish) in slices.items():
+        if manifest.files:
+            data, state = read_file(root, manifest.files[index], schema, primary_key)
+        else:
+            data, state = schema.empty_table(), state_schema(schema, primary_key).empty_table()
+        data, state, applied = merge_range(data, state, best.slice(begin, finish - begin),
+                                           schema, primary_key, now_micros, retention_micros)
+        result.touched[index] = (data, state)
+        result.applied += applied
     return result
 
 
@@ -103,17 +102,16 @@ def apply_lock(root: Path) -> Iterator[None]:
 
 
 def commit_apply(root: Path, plan: ApplyPlan, primary_key: tuple[str, ...], target_rows: int,
-                 watermark: int, retention_micros: int, started: float) -> dict[str, Any]:
+                 watermark: int, started: float) -> dict[str, Any]:
     """Write the touched ranges anew and commit them with the manifest in one Delta commit."""
     manifest = plan.manifest
     entries: list[FileEntry] = [f for i, f in enumerate(manifest.files) if i not in plan.touched]
     now_ms = int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = []
-    for index, content in plan.touched.items():
+    for index, (data, state) in plan.touched.items():
         if manifest.files:
             old = manifest.files[index]
             actions.append(RemoveAction(old.data, True, now_ms, old.size, {}))
-        data, state = content.materialize(watermark, retention_micros)
         for piece_data, piece_state in split(data, state, primary_key, target_rows):
             if not piece_state.num_rows:
                 continue

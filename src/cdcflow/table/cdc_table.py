@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import threading
@@ -26,13 +27,12 @@ from cdcflow.table.apply import (
     ApplyPlan,
     apply_lock,
     commit_apply,
-    load_changes,
     load_sorted,
     plan_apply,
 )
 from cdcflow.table.arrow_types import check_schema, schema_from_ddl
 from cdcflow.table.layout import read_file, read_manifest
-from cdcflow.table.merge import FileContent, assign, key_array, merge_into, winners
+from cdcflow.table.merge import key_array
 from cdcflow.table.metadata import TableOptions, load_options, save_options
 
 
@@ -111,14 +111,14 @@ class CdcTable:
             watermark = to_micros(self.clock.now())
             plan = self._plan(watermark)
             return commit_apply(self.root, plan, self.primary_key,
-                                self._options.target_file_rows, watermark, self._retention(),
-                                started)
+                                self._options.target_file_rows, watermark, started)
 
     def _retention(self) -> int:
         return int(self._options.delete_retention_seconds * 1_000_000)
 
-    def _plan(self, now_micros: int) -> ApplyPlan:
-        return plan_apply(self.root, self.schema, self.primary_key, now_micros)
+    def _plan(self, now_micros: int, only_keys: pa.Array | None = None) -> ApplyPlan:
+        return plan_apply(self.root, self.schema, self.primary_key, now_micros,
+                          self._retention(), only_keys)
 
     def start_background_apply(self, interval: timedelta | None = None) -> None:
         """Apply at least once per max_staleness (AP-5), in a daemon thread."""
@@ -168,11 +168,10 @@ class CdcTable:
 
     def _merged(self, plan: ApplyPlan) -> pa.Table:
         schema = self.schema
-        now = to_micros(self.clock.now())
         parts = [pq.read_table(self.root / f.data) for i, f in enumerate(plan.manifest.files)
                  if i not in plan.touched]
-        parts += [c.materialize(now, self._retention())[0] for c in plan.touched.values()]
-        return pa.concat_tables([p.cast(schema) for p in parts], promote_options="none")
+        parts += [data for data, _ in plan.touched.values()]
+        return pa.concat_tables([p.cast(schema) for p in parts])
 
     def bulk_load(self, rows: pa.Table) -> dict[str, Any]:
         """Load an initial snapshot (a backfill) into an empty table in one commit, fast:
@@ -194,33 +193,26 @@ class CdcTable:
     def lookup(self, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The fresh rows (pending changes merged) of `keys`; absent keys are left out.
         Reads only the ranges holding those keys, plus the pending changes."""
-        wanted = set(keys)
-        if not wanted:
+        if not keys:
             return {}
         schema, key_columns = self.schema, self.primary_key
-        manifest = read_manifest(DeltaTable(str(self.root)))
+        columns = {k: [key[i] for key in keys] for i, k in enumerate(key_columns)}
+        wanted_table = pa.Table.from_pydict(
+            columns, schema=pa.schema([schema.field(k) for k in key_columns]))
+        wanted = key_array(wanted_table, key_columns)
+        plan = self._plan(to_micros(self.clock.now()), only_keys=wanted)
+        manifest = plan.manifest
         lows = [f.low for f in manifest.files]
-        contents = {i: read_file(self.root, manifest.files[i], schema, key_columns)
-                    for i in {assign(lows, k) for k in wanted} if manifest.files}
-        unapplied = [p for p in _pending_paths(self.root) if p not in manifest.applied_pending]
-        changes = [c for c in load_changes(self.root, unapplied, schema, key_columns)
-                   if c.key in wanted]
-        for change in winners(changes).values():
-            index = assign(lows, change.key) if lows else 0
-            content = contents.setdefault(index, FileContent.empty(schema, key_columns))
-            merge_into(content, [change], to_micros(self.clock.now()))
+        indexes = {assign(lows, tuple(k)) for k in keys} if manifest.files else set()
         found: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for content in contents.values():
-            data = content.data
-            if data.num_rows:
-                mask = pc.is_in(key_array(data, key_columns),
-                                value_set=key_array(content._keys_table(list(wanted)), key_columns))
-                data = data.filter(mask)
+        for index in indexes | set(plan.touched):
+            if index in plan.touched:
+                data = plan.touched[index][0]
+            else:
+                data = read_file(self.root, manifest.files[index], schema, key_columns)[0]
+            data = data.filter(pc.is_in(key_array(data, key_columns), value_set=wanted))
             for row in data.to_pylist():
-                key = tuple(row[k] for k in key_columns)
-                if key in wanted and key not in content.touched:
-                    found[key] = row
-            found.update({k: r for k, r in content.rows.items() if k in wanted})
+                found[tuple(row[k] for k in key_columns)] = row
         return found
 
     def to_spark(self, spark: Any) -> Any:
@@ -309,3 +301,8 @@ def _as_arrow(rows: Any) -> pa.Table:
 def _pending_paths(root: Path) -> list[str]:
     actions = pa.table(DeltaTable(pending.pending_path(root)).get_add_actions(flatten=True))
     return [str(p) for p in actions.column("path").to_pylist()]
+
+
+def assign(lows: list[tuple[Any, ...]], key: tuple[Any, ...]) -> int:
+    """Index of the range holding `key`: the last range whose lowest key is <= key."""
+    return max(0, bisect.bisect_right(lows, key) - 1)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from cdcflow.model.timestamps import parse_timestamp
-from cdcflow.table.merge import FileContent, Key, state_schema
+from cdcflow.table.merge import Key, state_schema
 
 MANIFEST = "cdcflow.manifest"
 
@@ -94,10 +94,10 @@ def read_manifest(table: DeltaTable) -> Manifest:
 
 
 def read_file(root: Path, entry: FileEntry, schema: pa.Schema,
-              primary_key: tuple[str, ...]) -> FileContent:
+              primary_key: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
     data = pq.read_table(root / entry.data).cast(schema)
     state = pq.read_table(root / entry.state).cast(state_schema(schema, primary_key))
-    return FileContent(schema, primary_key, data, state)
+    return data, state
 
 
 def write_file(root: Path, data: pa.Table, state: pa.Table,

@@ -1,109 +1,24 @@
-"""The merge rule of a CDC table: per key, the greatest (sequence, ingestion) wins; a DELETE
-leaves a tombstone that beats older UPSERTs until its retention window ends (AP-4, AP-7).
+"""The merge rule of a CDC table, vectorised in Arrow: per key, the greatest (sequence,
+ingestion) wins; a DELETE leaves a tombstone that beats older UPSERTs until its retention
+window ends (AP-4, AP-7). One key range ("file") is merged at a time, so the cost follows the
+changes and the ranges they touch.
 
-One key range ("file") is merged at a time. Its rows and per-key state stay in Arrow; only the
-keys that changes touch are handled in Python, so the Python work follows the changes and the
-rest of the file is filtered and copied by Arrow.
+Orders are compared as text: the sequence sort key, a NUL, the ingestion time and the row
+index zero-padded. A sequence key that is a prefix of another sorts first, as AP-4 wants.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 Key = tuple[Any, ...]
-Order = tuple[str, int, int]  # (sequence sort key, ingest time ns, row index)
+ORDER = "_cdcflow_order"
 STATE_FIELDS = [("_seq_key", pa.string()), ("_ingest", pa.int64()), ("_row", pa.int64()),
                 ("_deleted_at", pa.int64())]
-
-
-@dataclass(slots=True)
-class KeyState:
-    """What the table remembers per key: the winning order, and a tombstone time if deleted."""
-
-    order: Order
-    deleted_at: int | None  # epoch micros of the apply that deleted the row
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    key: Key
-    order: Order
-    delete: bool
-    row: dict[str, Any]
-
-
-def key_array(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Array:
-    """One comparable value per row for its key (composite keys joined as text)."""
-    if len(primary_key) == 1:
-        return pa.chunked_array(table.column(primary_key[0])).combine_chunks()
-    parts = [pc.cast(table.column(k), pa.string()) for k in primary_key]
-    return pc.binary_join_element_wise(*parts, "\x1f").combine_chunks()
-
-
-@dataclass(slots=True)
-class FileContent:
-    """One key range: Arrow rows and state, plus the Python overrides of touched keys."""
-
-    schema: pa.Schema
-    primary_key: tuple[str, ...]
-    data: pa.Table
-    state: pa.Table
-    rows: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    touched: dict[Key, KeyState] = field(default_factory=dict)
-
-    @staticmethod
-    def empty(schema: pa.Schema, primary_key: tuple[str, ...]) -> FileContent:
-        return FileContent(schema, primary_key, schema.empty_table(),
-                           state_schema(schema, primary_key).empty_table())
-
-    def _keys_table(self, keys: list[Key]) -> pa.Table:
-        fields = [self.schema.field(k) for k in self.primary_key]
-        columns = {k: [key[i] for key in keys] for i, k in enumerate(self.primary_key)}
-        return pa.Table.from_pydict(columns, schema=pa.schema(fields))
-
-    def known(self, keys: list[Key]) -> dict[Key, KeyState]:
-        """State of these keys: touched overrides first, else the Arrow state."""
-        result = {k: self.touched[k] for k in keys if k in self.touched}
-        rest = [k for k in keys if k not in result]
-        if rest and self.state.num_rows:
-            mask = pc.is_in(key_array(self.state, self.primary_key),
-                            value_set=key_array(self._keys_table(rest), self.primary_key))
-            for row in self.state.filter(mask).to_pylist():
-                key = tuple(row[k] for k in self.primary_key)
-                result[key] = KeyState((row["_seq_key"], row["_ingest"], row["_row"]),
-                                       row["_deleted_at"])
-        return result
-
-    def materialize(self, now_micros: int, retention_micros: int) -> tuple[pa.Table, pa.Table]:
-        """Sorted (data, state) after the overrides; expired tombstones are dropped."""
-        data, state = self.data, self.state
-        if self.touched:
-            touched = key_array(self._keys_table(list(self.touched)), self.primary_key)
-            if data.num_rows:
-                data = data.filter(pc.invert(pc.is_in(key_array(data, self.primary_key),
-                                                      value_set=touched)))
-            if state.num_rows:
-                state = state.filter(pc.invert(pc.is_in(key_array(state, self.primary_key),
-                                                        value_set=touched)))
-            new_rows = pa.Table.from_pylist(list(self.rows.values()), schema=self.schema)
-            data = pa.concat_tables([data.cast(self.schema), new_rows])
-            new_state = [dict(zip(self.primary_key, k, strict=True)) | {
-                "_seq_key": s.order[0], "_ingest": s.order[1], "_row": s.order[2],
-                "_deleted_at": s.deleted_at} for k, s in self.touched.items()]
-            target = state_schema(self.schema, self.primary_key)
-            state = pa.concat_tables([state.cast(target),
-                                      pa.Table.from_pylist(new_state, schema=target)])
-        cutoff = now_micros - retention_micros
-        expired = pc.and_kleene(pc.is_valid(state.column("_deleted_at")),
-                                pc.less(state.column("_deleted_at"), cutoff))
-        state = state.filter(pc.invert(pc.fill_null(expired, False)))
-        order = [(k, "ascending") for k in self.primary_key]
-        return data.sort_by(order), state.sort_by(order)
 
 
 def state_schema(schema: pa.Schema, primary_key: tuple[str, ...]) -> pa.Schema:
@@ -111,37 +26,103 @@ def state_schema(schema: pa.Schema, primary_key: tuple[str, ...]) -> pa.Schema:
                      + [pa.field(n, t) for n, t in STATE_FIELDS])
 
 
-def winners(changes: list[Change]) -> dict[Key, Change]:
-    """The greatest change per key; duplicates and arrival order don't matter."""
-    best: dict[Key, Change] = {}
-    for change in changes:
-        current = best.get(change.key)
-        if current is None or change.order > current.order:
-            best[change.key] = change
-    return best
+def key_array(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Array:
+    """One value per row identifying its key (composite keys joined as text); for equality
+    and membership tests only, not for ordering."""
+    if len(primary_key) == 1:
+        return pa.chunked_array(table.column(primary_key[0])).combine_chunks()
+    parts = [pc.cast(table.column(k), pa.string()) for k in primary_key]
+    return pa.chunked_array(pc.binary_join_element_wise(*parts, "\x1f")).combine_chunks()
 
 
-def merge_into(content: FileContent, changes: list[Change], now_micros: int) -> int:
-    """Apply winning changes to one range; return how many changed the table."""
-    known = content.known([c.key for c in changes])
-    applied = 0
-    for change in changes:
-        state = known.get(change.key)
-        if state is not None and state.order >= change.order:
-            continue
-        applied += 1
-        if change.delete:
-            content.rows.pop(change.key, None)
-            content.touched[change.key] = KeyState(change.order, now_micros)
-        else:
-            content.rows[change.key] = change.row
-            content.touched[change.key] = KeyState(change.order, None)
-    return applied
+def order_text(seq_key: Any, ingest: Any, row: Any) -> Any:
+    padded = [pc.utf8_lpad(pc.cast(x, pa.string()), width, padding="0")
+              for x, width in ((ingest, 20), (row, 12))]
+    return pc.binary_join_element_wise(seq_key, *padded, "\x00")
 
 
-def assign(lows: list[Key], key: Key) -> int:
-    """Index of the range holding `key`: the last range whose lowest key is <= key."""
-    return max(0, bisect.bisect_right(lows, key) - 1)
+def order_of(seq_key: str, ingest: int, row: int) -> str:
+    """The same text for one order, in Python."""
+    return f"{seq_key}\x00{ingest:020d}\x00{row:012d}"
+
+
+def winners(changes: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
+    """The greatest change per key, sorted by key; duplicates and arrival order don't matter.
+    `changes` has the key columns, the row columns, _CHANGE_TYPE and the order parts."""
+    if changes.num_rows == 0:
+        return changes.append_column(ORDER, pa.array([], pa.string()))
+    ordered = changes.append_column(
+        ORDER, order_text(changes.column("_cdcflow_seq_key"), changes.column("_cdcflow_ingest"),
+                          changes.column("_cdcflow_row")))
+    ordered = ordered.sort_by([(k, "ascending") for k in primary_key] + [(ORDER, "ascending")])
+    keys = key_array(ordered, primary_key)
+    if len(keys) == 1:
+        return ordered
+    last = pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1))
+    last = pa.concat_arrays([last.combine_chunks() if isinstance(last, pa.ChunkedArray)
+                             else last, pa.array([True])])
+    return ordered.filter(last)
+
+
+def key_tuples(table: pa.Table, primary_key: tuple[str, ...]) -> list[Key]:
+    columns = [table.column(k).to_pylist() for k in primary_key]
+    return list(zip(*columns, strict=True))
+
+
+def assign_slices(lows: list[Key], keys: list[Key]) -> dict[int, tuple[int, int]]:
+    """For keys sorted ascending: file index -> [start, end) of the keys it holds (a file
+    holds keys from its lowest key up to the next file's lowest key)."""
+    slices: dict[int, tuple[int, int]] = {}
+    if not keys:
+        return slices
+    if not lows:
+        return {0: (0, len(keys))}
+    bounds = [0] + [bisect.bisect_left(keys, low) for low in lows[1:]] + [len(keys)]
+    for index in range(len(lows)):
+        if bounds[index] < bounds[index + 1]:
+            slices[index] = (bounds[index], bounds[index + 1])
+    return slices
+
+
+def merge_range(data: pa.Table, state: pa.Table, changes: pa.Table, schema: pa.Schema,
+                primary_key: tuple[str, ...], now_micros: int,
+                retention_micros: int) -> tuple[pa.Table, pa.Table, int]:
+    """Merge winning changes (from `winners`) into one range; return its sorted data and
+    state, and how many changes took effect. Expired tombstones are dropped."""
+    target_state = state_schema(schema, primary_key)
+    effective = changes
+    if state.num_rows and changes.num_rows:
+        known_orders = order_text(state.column("_seq_key"), state.column("_ingest"),
+                                  state.column("_row"))
+        position = pc.index_in(key_array(changes, primary_key),
+                               value_set=key_array(state, primary_key))
+        known = pc.take(known_orders, position)
+        newer = pc.or_kleene(pc.is_null(known), pc.greater(changes.column(ORDER), known))
+        effective = changes.filter(pc.fill_null(newer, True))
+    if effective.num_rows:
+        touched = key_array(effective, primary_key)
+        if data.num_rows:
+            data = data.filter(pc.invert(pc.is_in(key_array(data, primary_key),
+                                                  value_set=touched)))
+        if state.num_rows:
+            state = state.filter(pc.invert(pc.is_in(key_array(state, primary_key),
+                                                    value_set=touched)))
+        deletes = pc.equal(effective.column("_CHANGE_TYPE"), "DELETE")
+        upserts = effective.filter(pc.invert(deletes)).select(schema.names).cast(schema)
+        data = pa.concat_tables([data.cast(schema), upserts])
+        deleted_at = pc.if_else(deletes, pa.scalar(now_micros, pa.int64()),
+                                pa.nulls(effective.num_rows, pa.int64()))
+        new_state = pa.table(
+            [effective.column(k) for k in primary_key] + [
+                effective.column("_cdcflow_seq_key"), effective.column("_cdcflow_ingest"),
+                effective.column("_cdcflow_row"), deleted_at],
+            schema=target_state)
+        state = pa.concat_tables([state.cast(target_state), new_state])
+    cutoff = now_micros - retention_micros
+    expired = pc.fill_null(pc.less(state.column("_deleted_at"), cutoff), False)
+    state = state.filter(pc.invert(expired))
+    order = [(k, "ascending") for k in primary_key]
+    return data.sort_by(order), state.sort_by(order), effective.num_rows
 
 
 def split(data: pa.Table, state: pa.Table, primary_key: tuple[str, ...],
