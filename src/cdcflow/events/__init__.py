@@ -1,0 +1,1 @@
+"""Event formats (JSON lines and Avro) and the event-file destination."""

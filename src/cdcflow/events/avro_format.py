@@ -1,0 +1,144 @@
+"""Avro for events through fastavro (EV-2): one file per object; the payload record holds the
+values by column position and the Avro schema in the file header names them and gives their
+unified types. Every column type of the embedded database maps:
+
+INT64 long, FLOAT64 double, BOOL boolean, STRING string, BYTES bytes, DATE int/date,
+TIMESTAMP long/timestamp-micros, NUMERIC bytes/decimal(38, 9), JSON string (JSON text),
+ARRAY<T> array of nullable T; every column is nullable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from decimal import Decimal
+from typing import IO, Any, cast
+
+import fastavro
+
+from cdcflow.errors import InvalidArgument
+from cdcflow.model.events import Event
+from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.model.types import ColumnType
+
+_COLUMN_TYPES = "cdcflow.column_types"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MILLIS = {"type": "long", "logicalType": "timestamp-millis"}
+
+
+def _avro_type(ctype: ColumnType) -> Any:
+    match ctype.code:
+        case "ARRAY":
+            assert ctype.element is not None
+            return {"type": "array", "items": ["null", _avro_type(ctype.element)]}
+        case "INT64":
+            return "long"
+        case "FLOAT64":
+            return "double"
+        case "BOOL":
+            return "boolean"
+        case "BYTES":
+            return "bytes"
+        case "DATE":
+            return {"type": "int", "logicalType": "date"}
+        case "TIMESTAMP":
+            return {"type": "long", "logicalType": "timestamp-micros"}
+        case "NUMERIC":
+            return {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 9}
+        case _:
+            return "string"
+
+
+def avro_schema(object_name: str, column_types: Iterable[ColumnTypeInfo]) -> dict[str, Any]:
+    """The unified Avro schema of an object's events."""
+    fields = []
+    for column in column_types:
+        if not _NAME.fullmatch(column.name):
+            raise InvalidArgument(f"column name {column.name!r} is not a valid Avro name")
+        fields.append({"name": column.name, "type": ["null", _avro_type(column.type)]})
+    metadata = {"type": "record", "name": "SourceMetadata", "fields": [
+        {"name": "database", "type": "string"}, {"name": "table", "type": "string"},
+        {"name": "change_type", "type": "string"}, {"name": "is_deleted", "type": "boolean"},
+        {"name": "tx_id", "type": "string"}, {"name": "record_sequence", "type": "string"},
+        {"name": "partition_token", "type": "string"},
+        {"name": "primary_keys", "type": {"type": "array", "items": "string"}},
+    ]}
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", object_name)
+    return {"type": "record", "name": "Event", "namespace": "cdcflow", "fields": [
+        {"name": "stream_name", "type": "string"}, {"name": "read_method", "type": "string"},
+        {"name": "object", "type": "string"}, {"name": "schema_key", "type": "string"},
+        {"name": "uuid", "type": "string"}, {"name": "read_timestamp", "type": _MILLIS},
+        {"name": "source_timestamp", "type": _MILLIS},
+        {"name": "sort_keys", "type": {"type": "array", "items": ["string", "long"]}},
+        {"name": "source_metadata", "type": metadata},
+        {"name": "payload", "type": {"type": "record", "name": f"Payload_{safe}",
+                                     "fields": fields}},
+    ]}
+
+
+def _to_avro(value: Any, ctype: ColumnType) -> Any:
+    if value is None:
+        return None
+    if ctype.code == "JSON":
+        return json.dumps(value, sort_keys=True)
+    if ctype.code == "NUMERIC":
+        return Decimal(value).quantize(Decimal("0.000000001"))
+    if ctype.code == "ARRAY":
+        assert ctype.element is not None
+        return [_to_avro(v, ctype.element) for v in value]
+    return value
+
+
+def _from_avro(value: Any, ctype: ColumnType) -> Any:
+    if value is None:
+        return None
+    if ctype.code == "JSON":
+        return json.loads(value)
+    if ctype.code == "ARRAY":
+        assert ctype.element is not None
+        return [_from_avro(v, ctype.element) for v in value]
+    return value
+
+
+def write_avro(out: IO[bytes], events: list[Event]) -> None:
+    """Write events of one object (one schema) as an Avro container file."""
+    if not events:
+        raise InvalidArgument("an Avro event file needs at least one event")
+    first = events[0]
+    schema = fastavro.parse_schema(avro_schema(first.object, first.column_types))
+    records = []
+    for event in events:
+        if event.schema_key != first.schema_key:
+            raise InvalidArgument(
+                f"event {event.uuid} has schema_key {event.schema_key}, not {first.schema_key}:"
+                " one Avro file holds one schema"
+            )
+        records.append({
+            "stream_name": event.stream_name, "read_method": event.read_method,
+            "object": event.object, "schema_key": event.schema_key, "uuid": event.uuid,
+            "read_timestamp": event.read_timestamp, "source_timestamp": event.source_timestamp,
+            "sort_keys": list(event.sort_keys), "source_metadata": event.source_metadata,
+            "payload": {c.name: _to_avro(event.payload.get(c.name), c.type)
+                        for c in event.column_types},
+        })
+    column_types = json.dumps([c.to_dict() for c in first.column_types])
+    fastavro.writer(out, schema, records, metadata={_COLUMN_TYPES: column_types})
+
+
+def read_avro(source: IO[bytes]) -> Iterator[Event]:
+    """Events back from an Avro file written by `write_avro`."""
+    reader = fastavro.reader(source)
+    column_types = tuple(ColumnTypeInfo.from_dict(c)
+                         for c in json.loads(reader.metadata[_COLUMN_TYPES]))
+    for raw in reader:
+        record = cast(dict[str, Any], raw)
+        payload = {c.name: _from_avro(record["payload"][c.name], c.type) for c in column_types}
+        yield Event(
+            stream_name=record["stream_name"], read_method=record["read_method"],
+            object=record["object"], schema_key=record["schema_key"], uuid=record["uuid"],
+            read_timestamp=record["read_timestamp"],
+            source_timestamp=record["source_timestamp"],
+            sort_keys=tuple(record["sort_keys"]), source_metadata=record["source_metadata"],
+            payload=payload, column_types=column_types,
+        )
