@@ -25,6 +25,10 @@ from cdcflow.model.types import ColumnType
 _COLUMN_TYPES = "cdcflow.column_types"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MILLIS = {"type": "long", "logicalType": "timestamp-millis"}
+_METADATA_DEFAULTS: dict[str, Any] = {
+    "database": "", "table": "", "change_type": "", "is_deleted": False, "tx_id": "",
+    "record_sequence": "", "partition_token": "", "primary_keys": [],
+}
 
 
 def _avro_type(ctype: ColumnType) -> Any:
@@ -118,7 +122,9 @@ def write_avro(out: IO[bytes], events: list[Event]) -> None:
             "stream_name": event.stream_name, "read_method": event.read_method,
             "object": event.object, "schema_key": event.schema_key, "uuid": event.uuid,
             "read_timestamp": event.read_timestamp, "source_timestamp": event.source_timestamp,
-            "sort_keys": list(event.sort_keys), "source_metadata": event.source_metadata,
+            "sort_keys": list(event.sort_keys),
+            "source_metadata": {k: event.source_metadata.get(k, d)
+                                for k, d in _METADATA_DEFAULTS.items()},
             "payload": {c.name: _to_avro(event.payload.get(c.name), c.type)
                         for c in event.column_types},
         })

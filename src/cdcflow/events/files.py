@@ -1,0 +1,128 @@
+"""The event-file destination: `<root>/<stream>/<object>/YYYY/MM/DD/HH/mm/<file>.jsonl|.avro`.
+
+Exactly once per batch id: a batch's files get names derived from the batch id, are written to
+a temporary name and renamed into place (never a partial file), and a manifest
+`<root>/<stream>/_manifests/batch-<id>.json` is written last, the same way. A batch whose
+manifest exists is skipped; a batch cut short by a crash is written again under the same names,
+replacing what it left. Readers trust the files the manifests list (`committed_files`).
+
+Rotation: a file holds at most `max_events` events and about `max_bytes` bytes, and the events
+of one file span at most `max_seconds` of source time; the minute folders rotate by time too.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdcflow.errors import InvalidArgument
+from cdcflow.events.avro_format import write_avro
+from cdcflow.model.events import Event
+
+FORMATS = ("json", "avro")
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    max_events: int = 10_000
+    max_bytes: int = 64 * 1024 * 1024
+    max_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_events < 1 or self.max_bytes < 1 or self.max_seconds <= 0:
+            raise InvalidArgument(f"rotation limits must be positive, got {self}")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+class EventFileWriter:
+    """Writes batches of events of one stream as files, exactly once per batch id."""
+
+    def __init__(self, root: str | Path, stream_name: str, fmt: str = "json",
+                 rotation: Rotation | None = None) -> None:
+        if fmt not in FORMATS:
+            raise InvalidArgument(f"format {fmt!r} is not one of {FORMATS}")
+        if not stream_name or "/" in stream_name or stream_name.startswith("."):
+            raise InvalidArgument(f"stream name {stream_name!r} must be a plain folder name")
+        self.base = Path(root) / stream_name
+        self.fmt = fmt
+        self.rotation = rotation or Rotation()
+
+    def manifest_path(self, batch_id: int) -> Path:
+        return self.base / "_manifests" / f"batch-{batch_id:012d}.json"
+
+    def write_batch(self, batch_id: int, events: Iterable[Event]) -> list[str]:
+        """Write one batch; return the files it holds ([] when it was written before)."""
+        if batch_id < 0:
+            raise InvalidArgument(f"batch id {batch_id} must not be negative")
+        if self.manifest_path(batch_id).exists():
+            return []
+        files: list[dict[str, Any]] = []
+        for (object_name, minute), group in sorted(self._groups(events).items()):
+            for index, chunk in enumerate(self._rotate(group)):
+                suffix = "jsonl" if self.fmt == "json" else "avro"
+                name = f"batch-{batch_id:012d}-{index:04d}.{suffix}"
+                path = self.base / object_name / minute / name
+                _atomic_write(path, self._encode(chunk))
+                files.append({"path": str(path.relative_to(self.base)), "events": len(chunk)})
+        manifest = {"batch_id": batch_id, "format": self.fmt, "files": files}
+        _atomic_write(self.manifest_path(batch_id), json.dumps(manifest).encode())
+        return [str(f["path"]) for f in files]
+
+    def committed_files(self) -> list[Path]:
+        """Every file listed by a batch manifest, in batch order."""
+        out = []
+        for manifest in sorted((self.base / "_manifests").glob("batch-*.json")):
+            out += [self.base / f["path"] for f in json.loads(manifest.read_text())["files"]]
+        return out
+
+    def _groups(self, events: Iterable[Event]) -> dict[tuple[str, str], list[Event]]:
+        groups: dict[tuple[str, str], list[Event]] = defaultdict(list)
+        for event in events:
+            minute = event.source_timestamp.strftime("%Y/%m/%d/%H/%M")
+            groups[(event.object, minute)].append(event)
+        return groups
+
+    def _rotate(self, events: list[Event]) -> list[list[Event]]:
+        events = sorted(events, key=lambda e: (e.schema_key, e.source_timestamp, e.uuid))
+        chunks: list[list[Event]] = []
+        size = 0
+        for event in events:
+            estimate = len(json.dumps(event.to_json()))
+            current = chunks[-1] if chunks else None
+            if (current is None or len(current) >= self.rotation.max_events
+                    or size + estimate > self.rotation.max_bytes
+                    or event.schema_key != current[0].schema_key
+                    or (event.source_timestamp - current[0].source_timestamp).total_seconds()
+                    > self.rotation.max_seconds):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(event)
+            size += estimate
+        return chunks
+
+    def _encode(self, events: list[Event]) -> bytes:
+        if self.fmt == "json":
+            return "".join(json.dumps(e.to_json()) + "\n" for e in events).encode()
+        buffer = io.BytesIO()
+        write_avro(buffer, events)
+        return buffer.getvalue()
+
+
+def read_json_events(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
