@@ -265,9 +265,17 @@ class Connection:
         self.table = table
         self.mode: str | None = None
 
-    def append(self, rows: Any, app_id: str | None = None, version: int | None = None) -> bool:
-        """Append changes (pyarrow Table, list of dicts, or pandas DataFrame). With `app_id`
-        and `version`, an append already committed is skipped and False is returned."""
+    def append(self, rows: Any, app_id: str | None = None,
+               version: int | None = None) -> bool:
+        """Append changes (pyarrow Table, list of dicts, pandas or Spark DataFrame). With
+        `app_id` and `version`, an append already committed is skipped and False is returned.
+        A Spark DataFrame is written by its executors (never collected to the driver)."""
+        if hasattr(rows, "mapInArrow"):
+            from cdcflow.spark.sink import append_spark_frame
+
+            mode = append_spark_frame(self.table.root, rows, app_id, version, self.mode)
+            self.mode = mode
+            return True
         data = _as_arrow(rows)
         types = (data.column(pending.CHANGE_TYPE).to_pylist()
                  if pending.CHANGE_TYPE in data.column_names else [None] * data.num_rows)

@@ -82,3 +82,18 @@ def test_spark_sink_is_exactly_once_per_batch_id(spark, tmp_path: Path):
     bad = spark.createDataFrame([(1, "INSERT")], "id BIGINT, _CHANGE_TYPE STRING")
     with pytest.raises(Exception, match="not a valid CHANGE_TYPE"):
         sink(bad, 2)
+
+
+def test_connection_appends_a_spark_dataframe(spark, tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", "id INT64 NOT NULL, v INT64", ["id"])
+    connection = table.connection()
+    frame = spark.createDataFrame([(i, i, "UPSERT") for i in range(20)],
+                                  "id BIGINT, v BIGINT, _CHANGE_TYPE STRING").repartition(2)
+    assert connection.append(frame, app_id="loader", version=1)
+    connection.append(frame, app_id="loader", version=1)  # a retry: skipped at commit
+    assert sorted(r["id"] for r in table.to_arrow().to_pylist()) == list(range(20))
+    assert len(list((tmp_path / "t/_cdcflow/pending").glob("part-*.parquet"))) >= 2
+    plain = spark.createDataFrame([(99, 1)], "id BIGINT, v BIGINT")
+    with pytest.raises(Exception, match="not a valid CHANGE_TYPE"):
+        connection.append(plain)
+    assert len(table.to_arrow()) == 20

@@ -183,3 +183,24 @@ def test_execute_sql_named_and_positional(db: Database):
     assert [r[0][0].data_change_record.mod_type for r in data] == [
         "INSERT", "UPDATE", "UPDATE", "DELETE"
     ]
+
+
+def test_drop_table_removes_rows_and_unwatched_streams_keep_working(db: Database):
+    db.ddl(TABLE)
+    db.ddl("CREATE TABLE Q (Id INT64 NOT NULL) PRIMARY KEY (Id)")
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    with db.transaction() as tx:
+        tx.insert("P", {"Id": 1})
+        tx.insert("Q", {"Id": 1})
+    db.ddl("DROP TABLE P")
+    assert db.tables() == ["Q"]
+    from cdcflow.errors import NotFound
+
+    with pytest.raises(NotFound, match="'P'"):
+        db.read_row("P", 1)
+    start = db.current_timestamp() + timedelta(microseconds=1)
+    with db.transaction() as tx:
+        tx.insert("Q", {"Id": 2})
+    assert [r.table_name for r in records(db, "S", start)] == ["Q"]
+    db.ddl(TABLE)  # the name can be used again, with no rows
+    assert db.scan("P") == []
