@@ -1,0 +1,131 @@
+"""The project's catalog: stream definitions, states, status and errors in one SQLite file,
+so a restarted runner resumes every RUNNING stream. State changes go through
+`cdcflow.streams.states.transition` inside a write transaction."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdcflow.errors import AlreadyExists, NotFound
+from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.states import StreamState, check_deletable, transition
+
+_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY, definition TEXT NOT NULL, "
+    "state TEXT NOT NULL, changed REAL NOT NULL, retries INTEGER NOT NULL DEFAULT 0)",
+    "CREATE TABLE IF NOT EXISTS status (stream TEXT NOT NULL, key TEXT NOT NULL, "
+    "value TEXT NOT NULL, PRIMARY KEY (stream, key))",
+    "CREATE TABLE IF NOT EXISTS errors (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+    "stream TEXT NOT NULL, at REAL NOT NULL, object TEXT NOT NULL, message TEXT NOT NULL)",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    definition: StreamDefinition
+    state: StreamState
+    changed: float
+    retries: int
+
+
+class Catalog:
+    """Open with `Catalog(path)`; safe for several processes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        with self._write() as conn:
+            for statement in _SCHEMA:
+                conn.execute(statement)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def create(self, definition: StreamDefinition) -> None:
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM streams WHERE name = ?",
+                            (definition.name,)).fetchone():
+                raise AlreadyExists(f"stream {definition.name!r} exists already")
+            conn.execute("INSERT INTO streams(name, definition, state, changed) "
+                         "VALUES (?, ?, ?, ?)", (definition.name, definition.model_dump_json(),
+                                                 StreamState.NOT_STARTED.value, time.time()))
+
+    def _row(self, conn: sqlite3.Connection, name: str) -> StreamRecord:
+        row = conn.execute("SELECT definition, state, changed, retries FROM streams "
+                           "WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"stream {name!r} does not exist")
+        definition = StreamDefinition.parse(json.loads(row[0]))
+        return StreamRecord(definition, StreamState(row[1]), row[2], row[3])
+
+    def get(self, name: str) -> StreamRecord:
+        with self._write() as conn:
+            return self._row(conn, name)
+
+    def streams(self) -> list[StreamRecord]:
+        with self._write() as conn:
+            names = [n for (n,) in conn.execute("SELECT name FROM streams ORDER BY name")]
+            return [self._row(conn, n) for n in names]
+
+    def act(self, name: str, action: str) -> StreamState:
+        """Apply a state action; invalid ones raise naming the current state."""
+        with self._write() as conn:
+            current = self._row(conn, name)
+            target = transition(current.state, action)
+            retries = current.retries + 1 if action == "retry" else (
+                0 if action in ("started", "reset") else current.retries)
+            conn.execute("UPDATE streams SET state = ?, changed = ?, retries = ? "
+                         "WHERE name = ?", (target.value, time.time(), retries, name))
+            return target
+
+    def delete(self, name: str) -> None:
+        with self._write() as conn:
+            check_deletable(self._row(conn, name).state)
+            for table, column in (("streams", "name"), ("status", "stream"),
+                                  ("errors", "stream")):
+                conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
+
+    def record_error(self, name: str, object_name: str, message: str) -> None:
+        with self._write() as conn:
+            conn.execute("INSERT INTO errors(stream, at, object, message) VALUES (?, ?, ?, ?)",
+                         (name, time.time(), object_name, message))
+
+    def errors(self, name: str, limit: int = 50) -> list[dict[str, Any]]:
+        """Recent errors, newest first: the FetchStreamErrors analogue (EV-9)."""
+        with self._write() as conn:
+            self._row(conn, name)
+            rows = conn.execute("SELECT at, object, message FROM errors WHERE stream = ? "
+                                "ORDER BY id DESC LIMIT ?", (name, limit)).fetchall()
+        return [{"time": at, "object": obj, "message": message} for at, obj, message in rows]
+
+    def update_status(self, name: str, **values: Any) -> None:
+        with self._write() as conn:
+            conn.executemany("INSERT OR REPLACE INTO status(stream, key, value) VALUES (?, ?, ?)",
+                             [(name, k, json.dumps(v)) for k, v in values.items()])
+
+    def status(self, name: str) -> dict[str, Any]:
+        with self._write() as conn:
+            record = self._row(conn, name)
+            rows = conn.execute("SELECT key, value FROM status WHERE stream = ?",
+                                (name,)).fetchall()
+        return {"name": name, "state": record.state.value, "retries": record.retries,
+                **{k: json.loads(v) for k, v in rows}}

@@ -1,0 +1,95 @@
+"""Stream definitions (EV-9): a name, a source profile, objects to include and exclude, a
+backfill mode, destinations and Spark settings. Validated by pydantic; YAML or Python."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cdcflow.errors import InvalidArgument
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class EmbeddedSource(BaseModel):
+    """The embedded database and the change stream to read."""
+
+    model_config = _FROZEN
+    kind: Literal["embedded"] = "embedded"
+    database: str
+    change_stream: str
+
+
+class CdcTableDestination(BaseModel):
+    """One CDC table per object under `warehouse`."""
+
+    model_config = _FROZEN
+    kind: Literal["cdc_table"] = "cdc_table"
+    warehouse: str
+    max_staleness_seconds: float | None = Field(default=None, gt=0)
+
+
+class EventFilesDestination(BaseModel):
+    """Event files under `root` (JSON lines or Avro)."""
+
+    model_config = _FROZEN
+    kind: Literal["event_files"] = "event_files"
+    root: str
+    format: Literal["json", "avro"] = "json"
+    max_events: int = Field(default=10_000, ge=1)
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    max_seconds: float = Field(default=60.0, gt=0)
+
+
+Destination = Annotated[CdcTableDestination | EventFilesDestination, Field(discriminator="kind")]
+
+
+class SparkSettings(BaseModel):
+    model_config = _FROZEN
+    master: str = "local[*]"
+    trigger_seconds: float = Field(default=1.0, gt=0)
+    max_records_per_trigger: int | None = Field(default=None, ge=1)
+
+
+class StreamDefinition(BaseModel):
+    """A stream: one source to its destinations (EV-1)."""
+
+    model_config = _FROZEN
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+    source: EmbeddedSource
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    backfill: Literal["all", "none"] = "all"
+    destinations: tuple[Destination, ...] = Field(min_length=1)
+    spark: SparkSettings = SparkSettings()
+
+    def selects(self, object_name: str) -> bool:
+        included = any(fnmatch.fnmatchcase(object_name, p) for p in self.include)
+        return included and not any(fnmatch.fnmatchcase(object_name, p) for p in self.exclude)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @staticmethod
+    def parse(data: dict[str, Any]) -> StreamDefinition:
+        try:
+            return StreamDefinition.model_validate(data)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+                for e in error.errors()
+            )
+            raise InvalidArgument(f"invalid stream definition: {problems}") from None
+
+    @staticmethod
+    def from_yaml(text: str) -> StreamDefinition:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise InvalidArgument(f"stream definition is not valid YAML: {error}") from None
+        if not isinstance(data, dict):
+            raise InvalidArgument("a stream definition is a YAML mapping")
+        return StreamDefinition.parse(data)
