@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from cdcflow.cli.streams import discover, streams
 from cdcflow.follow import follow_change_stream
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.model.records import ChangeRecord
@@ -85,6 +86,9 @@ def demo(duration: float, rate: float, output: str, as_json: bool) -> None:
     if writer.exitcode != 0:
         sys.exit(1)
 
+
+cli.add_command(streams)
+cli.add_command(discover)
 
 if __name__ == "__main__":
     cli()

@@ -1,0 +1,180 @@
+"""`cdcflow streams ...` and `cdcflow discover`: manage streams in the catalog. Every command
+takes `--json`; errors exit with status 2 and name the value and the rule."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cdcflow.errors import CdcflowError
+from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.discovery import discover_embedded
+
+DEFAULT_CATALOG = "cdcflow-catalog.db"
+
+
+def _emit(as_json: bool, data: Any, text: str | Table) -> None:
+    if as_json:
+        click.echo(json.dumps(data, default=str, indent=None))
+    elif isinstance(text, Table):
+        Console().print(text)
+    else:
+        click.echo(text)
+
+
+def _errors(command: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(command)
+    def wrapped(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except CdcflowError as error:
+            if kwargs.get("as_json"):
+                click.echo(json.dumps({"error": type(error).__name__, "message": str(error)}))
+            else:
+                click.echo(f"error: {error}", err=True)
+            raise SystemExit(2) from None
+
+    return wrapped
+
+
+def _catalog(ctx: click.Context) -> Catalog:
+    return Catalog(ctx.obj["catalog"])
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+@click.group()
+@click.option("--catalog", default=lambda: os.environ.get("CDCFLOW_CATALOG", DEFAULT_CATALOG),
+              show_default=DEFAULT_CATALOG, help="The catalog file.")
+@click.pass_context
+def streams(ctx: click.Context, catalog: str) -> None:
+    """Create, control and inspect streams."""
+    ctx.ensure_object(dict)
+    ctx.obj["catalog"] = catalog
+
+
+@streams.command()
+@click.argument("definition", type=click.Path(exists=True, dir_okay=False))
+@json_option
+@click.pass_context
+@_errors
+def create(ctx: click.Context, definition: str, as_json: bool) -> None:
+    """Create a stream from a YAML definition file."""
+    parsed = StreamDefinition.from_yaml(Path(definition).read_text())
+    _catalog(ctx).create(parsed)
+    _emit(as_json, {"name": parsed.name, "state": "NOT_STARTED"}, f"created {parsed.name}")
+
+
+@streams.command(name="list")
+@json_option
+@click.pass_context
+@_errors
+def list_streams(ctx: click.Context, as_json: bool) -> None:
+    """List streams and their states."""
+    records = _catalog(ctx).streams()
+    table = Table("name", "state", "source", "destinations")
+    for r in records:
+        table.add_row(r.definition.name, r.state.value, r.definition.source.database,
+                      ", ".join(d.kind for d in r.definition.destinations))
+    _emit(as_json, [{"name": r.definition.name, "state": r.state.value} for r in records], table)
+
+
+@streams.command()
+@click.argument("name")
+@json_option
+@click.pass_context
+@_errors
+def describe(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Show a stream's definition and state."""
+    record = _catalog(ctx).get(name)
+    data = {"state": record.state.value, "retries": record.retries,
+            "definition": record.definition.model_dump(mode="json")}
+    _emit(as_json, data, f"state: {record.state.value}\n{record.definition.to_yaml()}")
+
+
+def _action(name: str, action: str, help_text: str) -> None:
+    @streams.command(name=name, help=help_text)
+    @click.argument("stream")
+    @json_option
+    @click.pass_context
+    @_errors
+    def command(ctx: click.Context, stream: str, as_json: bool) -> None:
+        state = _catalog(ctx).act(stream, action)
+        _emit(as_json, {"name": stream, "state": state.value}, f"{stream}: {state.value}")
+
+
+_action("start", "start", "Start a stream (NOT_STARTED -> STARTING; the runner takes over).")
+_action("pause", "pause", "Pause a running stream.")
+_action("resume", "resume", "Resume a paused stream.")
+_action("drain", "drain", "Finish what was read, then stop (RUNNING -> DRAINING).")
+_action("reset", "reset", "Return a FAILED_PERMANENTLY stream to NOT_STARTED.")
+
+
+@streams.command()
+@click.argument("name")
+@json_option
+@click.pass_context
+@_errors
+def delete(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Delete a stream that is not running."""
+    _catalog(ctx).delete(name)
+    _emit(as_json, {"name": name, "deleted": True}, f"deleted {name}")
+
+
+@streams.command()
+@click.argument("name")
+@json_option
+@click.pass_context
+@_errors
+def status(ctx: click.Context, name: str, as_json: bool) -> None:
+    """State, backfill per object, rows processed, lag, throughput and partitions."""
+    data = _catalog(ctx).status(name)
+    table = Table("field", "value")
+    for key, value in data.items():
+        table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+    _emit(as_json, data, table)
+
+
+@streams.command()
+@click.argument("name")
+@click.option("--limit", default=20, show_default=True)
+@json_option
+@click.pass_context
+@_errors
+def errors(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
+    """Recent errors with time, object and message (FetchStreamErrors)."""
+    found = _catalog(ctx).errors(name, limit)
+    table = Table("time", "object", "message")
+    for error in found:
+        when = datetime.fromtimestamp(error["time"], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        table.add_row(when, error["object"], error["message"])
+    _emit(as_json, found, table)
+
+
+@click.command()
+@click.argument("profile")
+@json_option
+@_errors
+def discover(profile: str, as_json: bool) -> None:
+    """Objects and fields of a source: an embedded database file, or a stream YAML file."""
+    database = profile
+    if profile.endswith((".yaml", ".yml")):
+        database = StreamDefinition.from_yaml(Path(profile).read_text()).source.database
+    found = discover_embedded(database)
+    table = Table("object", "field", "type", "key", "nullable")
+    for obj in found:
+        for field in obj["fields"]:
+            table.add_row(obj["object"], field["name"], field["type"],
+                          str(field["primary_key_position"] or ""), str(field["nullable"]))
+    _emit(as_json, found, table)
