@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
@@ -66,59 +67,102 @@ def _python_row(types: dict[str, ColumnTypeInfo], values: dict[str, Any]) -> dic
     return row
 
 
-def fold_partition(roots: dict[str, str], batches: Iterator[pa.RecordBatch],
-                   batch_id: int) -> Iterator[pa.RecordBatch]:
-    """Fold mods per key in commit order onto current rows; write pending files per table."""
-    mods = [m for b in batches for m in b.to_pylist()]
-    if not mods:
-        return
-    mods.sort(key=lambda m: (m["commit_timestamp"], m["record_sequence"], m["mod_index"]))
+@dataclass(slots=True)
+class FoldedKey:
+    """One key's mods in a batch, in commit order, with the whole row after each mod (the
+    deleted row for a DELETE) and the key's final row (None when deleted)."""
+
+    table: str
+    keys: dict[str, Any]
+    mods: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    final: dict[str, Any] | None
+
+
+def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]]
+              ) -> list[FoldedKey]:
+    """Fold mods (rows of the "cdcflow" source) per key in commit order onto the key's row
+    before the batch, looked up in its CDC table when there is one."""
+    mods = sorted(mods, key=lambda m: (m["commit_timestamp"], m["record_sequence"],
+                                       m["mod_index"]))
     by_table: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for mod in mods:
         by_table.setdefault(mod["table_name"], {}).setdefault(mod["keys"], []).append(mod)
+    folded = []
     for table_name, keyed in by_table.items():
-        table = CdcTable.open(roots[table_name])
-        columns = table.schema.names
+        table = tables.get(table_name)
         first_types = {c["name"]: ColumnTypeInfo.from_dict(c)
                        for c in json.loads(next(iter(keyed.values()))[0]["column_types"])}
         key_names = [n for n, info in first_types.items() if info.is_primary_key]
         needs_base = [
             tuple(_python_row(first_types, json.loads(k))[n] for n in key_names)
             for k, group in keyed.items()
-            if group[0]["mod_type"] == "UPDATE" and group[0]["value_capture_type"] not in _FULL_ROW
+            if group[0]["mod_type"] != "INSERT" and group[0]["value_capture_type"] not in _FULL_ROW
         ]
-        base = table.lookup(needs_base)
-        out = []
+        base = table.lookup(needs_base) if table is not None else {}
         for group in keyed.values():
             types = {c["name"]: ColumnTypeInfo.from_dict(c)
                      for c in json.loads(group[-1]["column_types"])}
+            columns = table.schema.names if table is not None else list(types)
             keys = _python_row(types, json.loads(group[0]["keys"]))
             state: dict[str, Any] | None = base.get(tuple(keys[n] for n in key_names))
+            rows = []
             for mod in group:
                 new = _python_row(types, json.loads(mod["new_values"]))
+                empty = {c: None for c in columns}
                 if mod["mod_type"] == "DELETE":
+                    old = _python_row(types, json.loads(mod["old_values"]))
+                    rows.append(empty | (state or {}) | old | keys)
                     state = None
                 elif mod["mod_type"] == "INSERT" or mod["value_capture_type"] in _FULL_ROW:
-                    state = {c: None for c in columns} | keys | new
+                    state = empty | keys | new
+                    rows.append(state)
                 else:
-                    state = {c: None for c in columns} | (state or {}) | keys | new
-            last = group[-1]
-            stamp = last["commit_timestamp"]
-            if stamp.tzinfo is None:
-                stamp = stamp.replace(tzinfo=UTC)
-            sequence = ChangeSequenceNumber.from_ints(
-                to_micros(stamp), int(last["record_sequence"]), int(last["mod_index"]))
-            if state is None:
-                out.append(keys | {"_CHANGE_TYPE": "DELETE",
-                                   "_CHANGE_SEQUENCE_NUMBER": str(sequence)})
-            else:
-                out.append({c: state.get(c) for c in columns} | {
-                    "_CHANGE_TYPE": "UPSERT", "_CHANGE_SEQUENCE_NUMBER": str(sequence)})
-        names = list(dict.fromkeys(n for row in out for n in row))
-        data = pa.Table.from_pydict({n: [r.get(n) for r in out] for n in names})
-        prepared = prepare(data, table.schema, table.primary_key)
-        described = write_pending_file(roots[table_name], prepared) | {"mode": "cdc"}
-        yield pa.RecordBatch.from_pylist([described])
+                    state = empty | (state or {}) | keys | new
+                    rows.append(state)
+            folded.append(FoldedKey(table_name, keys, group, rows, state))
+    return folded
+
+
+def sequence_of(mod: dict[str, Any]) -> str:
+    """The mod's _CHANGE_SEQUENCE_NUMBER: commit micros / record_sequence / mod_index."""
+    stamp = mod["commit_timestamp"]
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return str(ChangeSequenceNumber.from_ints(
+        to_micros(stamp), int(mod["record_sequence"]), int(mod["mod_index"])))
+
+
+def pending_rows(table: CdcTable, folded: list[FoldedKey]) -> pa.Table:
+    """UPSERT/DELETE rows of the final state of each folded key of one table."""
+    columns = table.schema.names
+    out = []
+    for item in folded:
+        sequence = sequence_of(item.mods[-1])
+        if item.final is None:
+            out.append(item.keys | {"_CHANGE_TYPE": "DELETE", "_CHANGE_SEQUENCE_NUMBER": sequence})
+        else:
+            out.append({c: item.final.get(c) for c in columns} | {
+                "_CHANGE_TYPE": "UPSERT", "_CHANGE_SEQUENCE_NUMBER": sequence})
+    names = list(dict.fromkeys(n for row in out for n in row))
+    data = pa.Table.from_pydict({n: [r.get(n) for r in out] for n in names})
+    return prepare(data, table.schema, table.primary_key)
+
+
+def fold_partition(roots: dict[str, str], batches: Iterator[pa.RecordBatch],
+                   batch_id: int) -> Iterator[pa.RecordBatch]:
+    """Fold mods per key in commit order onto current rows; write pending files per table."""
+    mods = [m for b in batches for m in b.to_pylist()]
+    if not mods:
+        return
+    tables: dict[str, CdcTable | None] = {
+        name: CdcTable.open(root) for name, root in roots.items()}
+    folded = fold_mods(tables, [m for m in mods if m["table_name"] in roots])
+    for name, table in tables.items():
+        mine = [f for f in folded if f.table == name]
+        if mine and table is not None:
+            described = write_pending_file(roots[name], pending_rows(table, mine))
+            yield pa.RecordBatch.from_pylist([described | {"mode": "cdc"}])
 
 
 def change_stream_batch_writer(roots: dict[str, Path], app_id: str) -> Any:
