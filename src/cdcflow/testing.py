@@ -13,13 +13,12 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 from cdcflow.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from cdcflow.model.records import DataChangeRecord
-from cdcflow.model.timestamps import parse_timestamp, to_micros
+from cdcflow.model.timestamps import to_micros
 from cdcflow.store.database import Database
 
 WORKLOAD_DDL = [
@@ -236,30 +235,13 @@ def _as_change_record(table: str, record: Any) -> DataChangeRecord:
 def records_from_rows(rows: Iterable[Any]) -> list[DataChangeRecord]:
     """Single-mod records from rows of the "cdcflow" Spark source (Row objects or dicts),
     ordered by (commit timestamp, transaction, record sequence, mod index)."""
+    from cdcflow.spark.rows import record_from_row
+
     records = []
     for row in rows:
         data = row.asDict() if hasattr(row, "asDict") else dict(row)
-        stamp = data["commit_timestamp"]
-        if isinstance(stamp, str):
-            stamp = parse_timestamp(stamp)
-        elif stamp.tzinfo is None:  # Spark's collect() gives naive datetimes
-            stamp = stamp.replace(tzinfo=UTC)
-        records.append(((stamp, data["server_transaction_id"], data["record_sequence"],
-                         data["mod_index"]), DataChangeRecord.from_dict({
-            "commit_timestamp": stamp.isoformat(),
-            "record_sequence": data["record_sequence"],
-            "server_transaction_id": data["server_transaction_id"],
-            "is_last_record_in_transaction_in_partition":
-                data["is_last_record_in_transaction_in_partition"],
-            "table_name": data["table_name"],
-            "column_types": json.loads(data["column_types"]),
-            "mods": [{"keys": json.loads(data["keys"]),
-                      "new_values": json.loads(data["new_values"]),
-                      "old_values": json.loads(data["old_values"])}],
-            "mod_type": data["mod_type"],
-            "value_capture_type": data["value_capture_type"],
-            "number_of_records_in_transaction": data["number_of_records_in_transaction"],
-            "number_of_partitions_in_transaction": data["number_of_partitions_in_transaction"],
-        })))
+        record = record_from_row(data)
+        records.append(((record.commit_timestamp, data["server_transaction_id"],
+                         data["record_sequence"], data["mod_index"]), record))
     records.sort(key=lambda pair: pair[0])
     return [record for _, record in records]

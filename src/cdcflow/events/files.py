@@ -62,25 +62,47 @@ class EventFileWriter:
         self.fmt = fmt
         self.rotation = rotation or Rotation()
 
-    def manifest_path(self, batch_id: int) -> Path:
-        return self.base / "_manifests" / f"batch-{batch_id:012d}.json"
+    @staticmethod
+    def _key(batch_id: int | str) -> str:
+        if isinstance(batch_id, int):
+            if batch_id < 0:
+                raise InvalidArgument(f"batch id {batch_id} must not be negative")
+            return f"{batch_id:012d}"
+        if not batch_id or "/" in batch_id:
+            raise InvalidArgument(f"batch key {batch_id!r} must be a plain name")
+        return batch_id
 
-    def write_batch(self, batch_id: int, events: Iterable[Event]) -> list[str]:
-        """Write one batch; return the files it holds ([] when it was written before)."""
-        if batch_id < 0:
-            raise InvalidArgument(f"batch id {batch_id} must not be negative")
-        if self.manifest_path(batch_id).exists():
-            return []
+    def manifest_path(self, batch_id: int | str) -> Path:
+        return self.base / "_manifests" / f"batch-{self._key(batch_id)}.json"
+
+    def is_committed(self, batch_id: int | str) -> bool:
+        return self.manifest_path(batch_id).exists()
+
+    def write_part(self, batch_id: int | str, part: int,
+                   events: Iterable[Event]) -> list[dict[str, Any]]:
+        """Write one part of a batch (e.g. one Spark partition) under names derived from the
+        batch and part, so a replay rewrites the same files. Commit with `commit_batch`."""
         files: list[dict[str, Any]] = []
         for (object_name, minute), group in sorted(self._groups(events).items()):
             for index, chunk in enumerate(self._rotate(group)):
                 suffix = "jsonl" if self.fmt == "json" else "avro"
-                name = f"batch-{batch_id:012d}-{index:04d}.{suffix}"
+                name = f"batch-{self._key(batch_id)}-p{part:05d}-{index:04d}.{suffix}"
                 path = self.base / object_name / minute / name
                 _atomic_write(path, self._encode(chunk))
                 files.append({"path": str(path.relative_to(self.base)), "events": len(chunk)})
-        manifest = {"batch_id": batch_id, "format": self.fmt, "files": files}
+        return files
+
+    def commit_batch(self, batch_id: int | str, files: list[dict[str, Any]]) -> None:
+        """Write the batch manifest, last: from now on the batch counts as written."""
+        manifest = {"batch": self._key(batch_id), "format": self.fmt, "files": files}
         _atomic_write(self.manifest_path(batch_id), json.dumps(manifest).encode())
+
+    def write_batch(self, batch_id: int | str, events: Iterable[Event]) -> list[str]:
+        """Write one batch; return the files it holds ([] when it was written before)."""
+        if self.is_committed(batch_id):
+            return []
+        files = self.write_part(batch_id, 0, events)
+        self.commit_batch(batch_id, files)
         return [str(f["path"]) for f in files]
 
     def committed_files(self) -> list[Path]:

@@ -38,7 +38,7 @@ def test_layout_rotation_and_manifests(tmp_path: Path):
     files = writer.write_batch(0, make_events(0, 20) + make_events(0, 3, "Other"))
     assert all(Path(tmp_path / "s1" / f).exists() for f in files)
     assert {f.split("/")[0] for f in files} == {"Orders", "Other"}
-    assert "Orders/2026/11/21/10/00/batch-000000000000-0000.jsonl" in files
+    assert "Orders/2026/11/21/10/00/batch-000000000000-p00000-0000.jsonl" in files
     assert any("/10/01/" in f or "/10/02/" in f for f in files)  # minute folders
     counts = [len(read_json_events(tmp_path / "s1" / f)) for f in files]
     assert sum(counts) == 23 and max(counts) <= 4  # rotation by count and time span

@@ -1,0 +1,34 @@
+"""Rows of the "cdcflow" source back to change records."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+from typing import Any
+
+from cdcflow.model.records import DataChangeRecord
+from cdcflow.model.timestamps import format_rfc3339, parse_timestamp
+
+
+def record_from_row(data: dict[str, Any]) -> DataChangeRecord:
+    """A single-mod record from one row (a dict) of the "cdcflow" source."""
+    stamp = data["commit_timestamp"]
+    if isinstance(stamp, str):
+        stamp = parse_timestamp(stamp)
+    elif stamp.tzinfo is None:  # Spark's collect() gives naive datetimes
+        stamp = stamp.replace(tzinfo=UTC)
+    return DataChangeRecord.from_dict({
+        "commit_timestamp": format_rfc3339(stamp),
+        "record_sequence": data["record_sequence"],
+        "server_transaction_id": data["server_transaction_id"],
+        "is_last_record_in_transaction_in_partition":
+            data["is_last_record_in_transaction_in_partition"],
+        "table_name": data["table_name"],
+        "column_types": json.loads(data["column_types"]),
+        "mods": [{"keys": json.loads(data["keys"]), "new_values": json.loads(data["new_values"]),
+                  "old_values": json.loads(data["old_values"])}],
+        "mod_type": data["mod_type"],
+        "value_capture_type": data["value_capture_type"],
+        "number_of_records_in_transaction": data["number_of_records_in_transaction"],
+        "number_of_partitions_in_transaction": data["number_of_partitions_in_transaction"],
+    })
