@@ -36,3 +36,14 @@ def fake_db(db_path: str, clock: FakeClock) -> Iterator[Database]:
     database = Database.open(db_path, clock=clock)
     yield database
     database.close()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One SparkSession for the whole test process (a session costs ~5 s to start)."""
+    from cdcflow.spark import session
+
+    spark = session("cdcflow-tests", master="local[2]")
+    spark.sparkContext.setLogLevel("ERROR")
+    yield spark
+    spark.stop()
