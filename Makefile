@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
-DURATION ?= 20
+DURATION ?= 60
 
 .PHONY: demo test lint bench java clean
 

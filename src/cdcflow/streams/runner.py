@@ -194,6 +194,9 @@ class Runner:
         if definition.spark.max_records_per_trigger:
             reader = reader.option("maxRecordsPerTrigger", definition.spark.max_records_per_trigger)
         worker = self.workers[name]
+        for key in ("rows_processed", "batches", "last_applied_commit"):
+            if status.get(key) is not None and key not in worker.stats:
+                worker.stats[key] = status[key]  # counters go on across runner restarts
 
         def batch(frame: Any, batch_id: int) -> None:
             result = run_batch(plan, frame, batch_id)

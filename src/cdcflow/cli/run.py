@@ -1,0 +1,59 @@
+"""`cdcflow run`: supervise the catalog's streams until interrupted (Ctrl-C saves state)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import click
+from rich.live import Live
+
+from cdcflow.cli.live import is_terminal, log_line, render, snapshot
+from cdcflow.cli.streams import DEFAULT_CATALOG
+from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.runner import Runner
+
+
+def spark_session(master: str) -> Any:
+    from cdcflow.spark import session
+
+    spark = session("cdcflow-runner", master=master)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float = 2.0) -> None:
+    """Run the runner in a thread and show progress until `stop` is set."""
+    runner = Runner(catalog_path, spark)
+    thread = threading.Thread(target=runner.run, args=(stop,), name="cdcflow-runner")
+    thread.start()
+    catalog = Catalog(catalog_path)
+    try:
+        if is_terminal():
+            with Live(render(snapshot(catalog)), refresh_per_second=2) as live:
+                while not stop.wait(0.5):
+                    live.update(render(snapshot(catalog)))
+        else:
+            while not stop.wait(every):
+                click.echo(log_line(snapshot(catalog)))
+    finally:
+        stop.set()
+        thread.join()
+
+
+@click.command()
+@click.option("--catalog", default=DEFAULT_CATALOG, show_default=True)
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+def run(catalog: str, master: str) -> None:
+    """Supervise streams until Ctrl-C; states stay in the catalog for the next run."""
+    stop = threading.Event()
+    spark = spark_session(master)  # before the handlers: Spark installs its own SIGINT one
+
+    def interrupt(*_: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    supervise(catalog, stop, spark)
+    click.echo("runner stopped; stream states saved")
