@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from typing import Any
@@ -23,20 +24,23 @@ def spark_session(master: str) -> Any:
     return spark
 
 
-def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float = 2.0) -> None:
-    """Run the runner in a thread and show progress until `stop` is set."""
+def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float = 2.0,
+              as_json: bool = False) -> None:
+    """Run the runner in a thread and show progress until `stop` is set: a live table on a
+    terminal, else a line per `every` seconds (JSON lines with `as_json`)."""
     runner = Runner(catalog_path, spark)
     thread = threading.Thread(target=runner.run, args=(stop,), name="cdcflow-runner")
     thread.start()
     catalog = Catalog(catalog_path)
     try:
-        if is_terminal():
+        if is_terminal() and not as_json:
             with Live(render(snapshot(catalog)), refresh_per_second=2) as live:
                 while not stop.wait(0.5):
                     live.update(render(snapshot(catalog)))
         else:
             while not stop.wait(every):
-                click.echo(log_line(snapshot(catalog)))
+                rows = snapshot(catalog)
+                click.echo(json.dumps(rows, default=str) if as_json else log_line(rows))
     finally:
         stop.set()
         thread.join()
@@ -45,7 +49,8 @@ def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float
 @click.command()
 @click.option("--catalog", default=DEFAULT_CATALOG, show_default=True)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
-def run(catalog: str, master: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Progress as JSON lines.")
+def run(catalog: str, master: str, as_json: bool) -> None:
     """Supervise streams until Ctrl-C; states stay in the catalog for the next run."""
     stop = threading.Event()
     spark = spark_session(master)  # before the handlers: Spark installs its own SIGINT one
@@ -55,5 +60,6 @@ def run(catalog: str, master: str) -> None:
 
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
-    supervise(catalog, stop, spark)
-    click.echo("runner stopped; stream states saved")
+    supervise(catalog, stop, spark, as_json=as_json)
+    message = "runner stopped; stream states saved"
+    click.echo(json.dumps({"stopped": True, "message": message}) if as_json else message)
