@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from cdcflow.model.schema import TableSchema
 from cdcflow.model.types import ColumnType
+from cdcflow.table.arrow_types import arrow_type
 
 CHANGE_COLUMNS: list[tuple[str, str, Any]] = [
     ("commit_timestamp", "TIMESTAMP", pa.timestamp("us", tz="UTC")),
@@ -70,29 +71,6 @@ def _spark_type(ctype: ColumnType) -> str:
             return ctype.code
 
 
-def _arrow_type(ctype: ColumnType) -> Any:
-    match ctype.code:
-        case "ARRAY":
-            assert ctype.element is not None
-            return pa.list_(_arrow_type(ctype.element))
-        case "INT64":
-            return pa.int64()
-        case "FLOAT64":
-            return pa.float64()
-        case "BOOL":
-            return pa.bool_()
-        case "BYTES":
-            return pa.binary()
-        case "NUMERIC":
-            return pa.decimal128(38, 9)
-        case "DATE":
-            return pa.date32()
-        case "TIMESTAMP":
-            return pa.timestamp("us", tz="UTC")
-        case _:
-            return pa.string()
-
-
 def table_columns(schema: TableSchema) -> list[tuple[str, str, Any]]:
     """Typed Spark/Arrow columns of a table, in schema order."""
-    return [(c.name, _spark_type(c.type), _arrow_type(c.type)) for c in schema.columns]
+    return [(c.name, _spark_type(c.type), arrow_type(c.type)) for c in schema.columns]
