@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from cdcflow.cli.run import spark_session, supervise
+from cdcflow.cli.run import exit_now, spark_session, supervise
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.store.database import Database
 from cdcflow.streams.catalog import Catalog
@@ -107,6 +107,7 @@ def demo(duration: float, rate: float, output: str, master: str, as_json: bool) 
     finally:
         stop.set()
         display.join()
+        spark.stop()
     elapsed = time.monotonic() - began
     status = catalog.status("demo")
     checks = _verify(path, folder)
@@ -129,6 +130,8 @@ def demo(duration: float, rate: float, output: str, master: str, as_json: bool) 
     summary["verification_passed"] = all(c["equal"] for c in checks.values())
     click.echo(json.dumps(summary, indent=None if as_json else 2))
     if not summary["verification_passed"]:
-        raise click.ClickException("verification failed: a CDC table differs from its source")
+        click.echo("error: verification failed: a CDC table differs from its source", err=True)
+        exit_now(1)
     if not as_json:
         click.echo("verification passed: every CDC table equals its source table")
+    exit_now(0)

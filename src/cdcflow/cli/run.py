@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -60,6 +62,18 @@ def run(catalog: str, master: str, as_json: bool) -> None:
 
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
-    supervise(catalog, stop, spark, as_json=as_json)
+    try:
+        supervise(catalog, stop, spark, as_json=as_json)
+    finally:
+        spark.stop()
     message = "runner stopped; stream states saved"
     click.echo(json.dumps({"stopped": True, "message": message}) if as_json else message)
+    exit_now(0)
+
+
+def exit_now(code: int) -> None:
+    """Leave without interpreter teardown: native thread pools (Arrow, Delta) can abort the
+    process while Python finalises after a Spark session; everything is flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
