@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.errors import AlreadyExists, NotFound
+from cdcflow.store.sqlite import connect, write_transaction
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.states import StreamState, check_deletable, transition
 
@@ -47,16 +48,10 @@ class Catalog:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        conn = connect(self.path)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with write_transaction(conn):
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
         finally:
             conn.close()
 
