@@ -17,7 +17,7 @@ from datetime import datetime
 
 from cdcflow.model.records import ChangeRecord, DataChangeRecord
 from cdcflow.model.timestamps import to_micros
-from cdcflow.store.database import Database
+from cdcflow.store.changelog import ChangeLog
 
 
 @dataclass
@@ -32,7 +32,7 @@ class FollowResult:
 
 
 def follow_change_stream(
-    database: Database,
+    database: ChangeLog,
     stream: str,
     start: datetime,
     end: datetime | None,

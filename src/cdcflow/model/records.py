@@ -6,11 +6,12 @@ says how to decode them. `to_dict()` gives the seed's JSON shape; `from_dict()` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from cdcflow.errors import InvalidArgument
+from cdcflow.model.source import SourceMetadata, embedded_source
 from cdcflow.model.timestamps import format_rfc3339, parse_timestamp
 from cdcflow.model.types import ColumnType, decode_value
 
@@ -51,18 +52,28 @@ class ColumnTypeInfo:
 
 @dataclass(frozen=True, slots=True)
 class Mod:
-    """One changed row: primary key values, and non-key new/old values (JSON-encoded)."""
+    """One changed row: primary key values, and non-key new/old values (JSON-encoded).
+
+    `position` holds the source position fields of this change alone (e.g. its LSN); native
+    commits leave it empty, and then it is left out of `to_dict()`."""
 
     keys: dict[str, Any]
     new_values: dict[str, Any]
     old_values: dict[str, Any]
+    position: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"keys": self.keys, "new_values": self.new_values, "old_values": self.old_values}
+        out: dict[str, Any] = {
+            "keys": self.keys, "new_values": self.new_values, "old_values": self.old_values
+        }
+        if self.position:
+            out["position"] = self.position
+        return out
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Mod:
-        return Mod(data["keys"], data.get("new_values") or {}, data.get("old_values") or {})
+        return Mod(data["keys"], data.get("new_values") or {}, data.get("old_values") or {},
+                   data.get("position") or {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +91,18 @@ class DataChangeRecord:
     value_capture_type: str
     number_of_records_in_transaction: int
     number_of_partitions_in_transaction: int
+    source: SourceMetadata | None = None
+
+    @property
+    def source_metadata(self) -> SourceMetadata:
+        """The record's source block; a native commit's is derived from the record (EV-3)."""
+        if self.source is not None:
+            return self.source
+        return embedded_source(self.commit_timestamp, self.server_transaction_id)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The seed's shape (CS-7); a record appended from an external source adds `source`."""
+        out: dict[str, Any] = {
             "commit_timestamp": format_rfc3339(self.commit_timestamp),
             "record_sequence": self.record_sequence,
             "server_transaction_id": self.server_transaction_id,
@@ -97,9 +117,13 @@ class DataChangeRecord:
             "number_of_records_in_transaction": self.number_of_records_in_transaction,
             "number_of_partitions_in_transaction": self.number_of_partitions_in_transaction,
         }
+        if self.source is not None:
+            out["source"] = self.source.to_dict()
+        return out
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> DataChangeRecord:
+        source = data.get("source")
         return DataChangeRecord(
             commit_timestamp=parse_timestamp(data["commit_timestamp"]),
             record_sequence=data["record_sequence"],
@@ -114,6 +138,7 @@ class DataChangeRecord:
             value_capture_type=data["value_capture_type"],
             number_of_records_in_transaction=data["number_of_records_in_transaction"],
             number_of_partitions_in_transaction=data["number_of_partitions_in_transaction"],
+            source=None if source is None else SourceMetadata.from_dict(source),
         )
 
     def column_type(self, name: str) -> ColumnType:

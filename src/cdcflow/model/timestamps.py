@@ -49,6 +49,11 @@ def as_datetime(value: datetime | str) -> datetime:
     """Accept an aware datetime or RFC 3339 text; return an aware UTC datetime."""
     if isinstance(value, str):
         return parse_timestamp(value)
+    if not isinstance(value, datetime):
+        raise InvalidArgument(
+            f"timestamp {value!r} ({type(value).__name__}) is not a timestamp; pass an aware "
+            "datetime or RFC 3339 text such as '2022-09-27T12:30:00.123456Z'"
+        )
     if value.tzinfo is None:
         raise InvalidArgument(f"timestamp {value!r} has no timezone; pass an aware UTC datetime")
     return value.astimezone(UTC)

@@ -132,7 +132,7 @@ class ChangeRangeReader(DataSourceReader):  # type: ignore[misc]
             )
         safe = to_micros(database.current_timestamp())
         if self.until > safe:
-            self.until = to_micros(database._publish_closed_until(from_micros(self.until)))
+            self.until = to_micros(database.close_until(from_micros(self.until)))
         assert options.stream is not None
         self.partition_list = database.partitions(options.stream)
 

@@ -163,7 +163,7 @@ def _stream_records(
 
 def encode_record(record: DataChangeRecord) -> str:
     """The log body of a record: its `to_dict()` JSON, built with the column types cached."""
-    header = {
+    header: dict[str, Any] = {
         "commit_timestamp": format_rfc3339(record.commit_timestamp),
         "record_sequence": record.record_sequence,
         "server_transaction_id": record.server_transaction_id,
@@ -176,8 +176,9 @@ def encode_record(record: DataChangeRecord) -> str:
         "number_of_records_in_transaction": record.number_of_records_in_transaction,
         "number_of_partitions_in_transaction": record.number_of_partitions_in_transaction,
     }
-    mods = [{"keys": m.keys, "new_values": m.new_values, "old_values": m.old_values}
-            for m in record.mods]
+    if record.source is not None:
+        header["source"] = record.source.to_dict()
+    mods = [m.to_dict() for m in record.mods]
     return (
         f'{{"column_types":{_column_types_json(record.column_types)},'
         f'"mods":{orjson.dumps(mods).decode()},'

@@ -17,7 +17,7 @@ from cdcflow.model.schema import (
     check_retention,
     check_value_capture_type,
 )
-from cdcflow.store import partition_map
+from cdcflow.store import log, partition_map
 from cdcflow.store.ddl import (
     AddColumn,
     AlterChangeStream,
@@ -162,9 +162,8 @@ def create_stream(
 
 def drop_stream(conn: sqlite3.Connection, catalog: Catalog, name: str) -> None:
     catalog.stream(name)
-    for table in ("_streams", "_partitions", "_log"):
-        column = "name" if table == "_streams" else "stream"
-        conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
+    conn.execute("DELETE FROM _streams WHERE name = ?", (name,))
+    log.drop_stream(conn, name)
     partition_map.bump_version(conn)
 
 

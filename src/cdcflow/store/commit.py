@@ -9,13 +9,13 @@ import json
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.model.schema import key_hash
 from cdcflow.model.timestamps import format_rfc3339, from_micros
-from cdcflow.store import partition_map, retention
+from cdcflow.store import log, partition_map, retention
 from cdcflow.store.capture import LogEntry, RowChange, build_records, encode_record
 from cdcflow.store.catalog import Catalog, next_commit_micros
 from cdcflow.store.mutations import Mutation, apply_mutation, validate_mutation
 from cdcflow.store.rows import latest_version, write_version
 from cdcflow.store.session import Session
-from cdcflow.store.sqlite import LOG_DATA, write_meta, write_transaction
+from cdcflow.store.sqlite import write_meta, write_transaction
 
 GC_INTERVAL_MICROS = 10 * 1_000_000
 
@@ -36,21 +36,36 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
                 change.key_hash,
                 change.after,
             )
-        counter = int(session.meta["txn_counter"]) + 1
-        write_meta(conn, {"txn_counter": counter})
         streams = {s.name: s for c in changes for s in catalog.streams_watching(c.schema.name)}
-        entries = build_records(
-            changes, list(streams.values()), session.ranges_of, from_micros(micros), str(counter)
-        )
-        _append(session, entries, micros)
-        policy = PartitionPolicy.from_json(json.loads(session.meta["partition_policy"]))
-        for name in {e.stream for e in entries}:
-            apply_policy(session, name, policy, micros)
-        if micros - int(session.meta["gc_micros"]) >= GC_INTERVAL_MICROS:
-            retention.expire_change_records(conn, catalog, micros)
-            retention.expire_row_versions(conn, catalog, micros)
-            write_meta(conn, {"gc_micros": micros})
+        entries = build_records(changes, list(streams.values()), session.ranges_of,
+                                from_micros(micros), next_transaction_id(session))
+        append_entries(session, catalog, entries, micros)
     return micros
+
+
+def next_transaction_id(session: Session) -> str:
+    """A server_transaction_id unique in the file (CS-7), under the write lock."""
+    counter = int(session.meta["txn_counter"]) + 1
+    write_meta(session.conn, {"txn_counter": counter})
+    session.meta["txn_counter"] = counter
+    return str(counter)
+
+
+def append_entries(session: Session, catalog: Catalog, entries: list[LogEntry],
+                   micros: int) -> None:
+    """Append one transaction's records at `micros`, then split, merge and expire per the
+    policy, all inside the caller's write transaction."""
+    log.insert_data_records(session.conn, micros, (
+        log.DataRow(e.stream, e.token, e.sequence, len(e.record.mods), encode_record(e.record))
+        for e in entries
+    ))
+    policy = PartitionPolicy.from_json(json.loads(session.meta["partition_policy"]))
+    for name in {e.stream for e in entries}:
+        apply_policy(session, name, policy, micros)
+    if micros - int(session.meta["gc_micros"]) >= GC_INTERVAL_MICROS:
+        retention.expire_change_records(session.conn, catalog, micros)
+        retention.expire_row_versions(session.conn, catalog, micros)
+        write_meta(session.conn, {"gc_micros": micros})
 
 
 def _net_changes(
@@ -77,18 +92,6 @@ def _net_changes(
     return [c for c in changes.values() if not (c.before is None and c.after is None)]
 
 
-def _append(session: Session, entries: list[LogEntry], micros: int) -> None:
-    session.conn.executemany(
-        "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
-        "VALUES (?,?,?,?,?,?,?)",
-        [
-            (e.stream, e.token, micros, e.sequence, LOG_DATA, len(e.record.mods),
-             encode_record(e.record))
-            for e in entries
-        ],
-    )
-
-
 def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros: int) -> None:
     """Split and merge per the policy, at most once per check interval per stream."""
     if not policy.auto:
@@ -104,7 +107,7 @@ def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros:
     if micros - int(checked) < interval:
         return
     session.policy_checked[stream] = micros
-    partition_map.refresh_record_counts(conn, stream)
+    log.refresh_record_counts(conn, stream)
     active = partition_map.active_partitions(conn, stream)
     changed = False
     for candidate in partition_map.split_candidates(active, policy):

@@ -1,8 +1,9 @@
-"""Partition lifecycle in SQLite: initial partitions, split, merge, and the automatic policy.
+"""Partition lifecycle: initial partitions, split, merge, and the automatic policy's choices.
 
-All functions run inside the caller's write transaction. A split or merge at timestamp T ends
-the parents at T (their records all have commit timestamps < T), creates children starting at T,
-and appends one child-partitions record at T to every parent's log (CS-9).
+All functions run inside the caller's write transaction; the statements are in `store.log`. A
+split or merge at timestamp T ends the parents at T (their records all have commit timestamps
+< T), creates children starting at T, and appends one child-partitions record at T to every
+parent's log (CS-9).
 """
 
 from __future__ import annotations
@@ -24,10 +25,7 @@ from cdcflow.model.partitions import (
 )
 from cdcflow.model.schema import KEY_HASH_SPACE
 from cdcflow.model.timestamps import from_micros, to_micros
-from cdcflow.store.sqlite import LOG_CHILD
-
-_INSERT_COLUMNS = "token, range_start, range_end, start_micros, end_micros, parents, children"
-_COLUMNS = f"{_INSERT_COLUMNS}, records"
+from cdcflow.store import log
 
 
 def bump_version(conn: sqlite3.Connection) -> None:
@@ -44,11 +42,7 @@ def _insert(
     conn: sqlite3.Connection, stream: str, key_range: KeyRange, start: int, parents: list[str]
 ) -> str:
     token = _allocate_token(conn)
-    conn.execute(
-        f"INSERT INTO _partitions(stream, {_INSERT_COLUMNS}, records) "
-        "VALUES (?, ?, ?, ?, ?, NULL, ?, '[]', 0)",
-        (stream, token, key_range.start, key_range.end, start, json.dumps(parents)),
-    )
+    log.insert_partition(conn, stream, token, (key_range.start, key_range.end), start, parents)
     return token
 
 
@@ -65,44 +59,30 @@ def create_initial(conn: sqlite3.Connection, stream: str, count: int, start: int
     return tokens
 
 
-def _to_metadata(row: tuple[object, ...]) -> PartitionMetadata:
+def _to_metadata(row: log.PartitionRow) -> PartitionMetadata:
     token, start, end, start_micros, end_micros, parents, children, records = row
-    assert isinstance(start_micros, int) and isinstance(parents, str)
-    assert isinstance(children, str) and isinstance(records, int)
-    assert isinstance(start, int) and isinstance(end, int)
     return PartitionMetadata(
         token=str(token),
-        key_range=KeyRange(start, end),
-        start_timestamp=from_micros(start_micros),
+        key_range=KeyRange(int(start), int(end)),
+        start_timestamp=from_micros(int(start_micros)),
         end_timestamp=from_micros(end_micros) if isinstance(end_micros, int) else None,
         parent_tokens=tuple(json.loads(parents)),
         child_tokens=tuple(json.loads(children)),
         state=ACTIVE if end_micros is None else FINISHED,
-        record_count=records,
+        record_count=int(records),
     )
 
 
 def all_partitions(conn: sqlite3.Connection, stream: str) -> list[PartitionMetadata]:
-    rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM _partitions WHERE stream = ? ORDER BY start_micros, range_start",
-        (stream,),
-    )
-    return [_to_metadata(r) for r in rows]
+    return [_to_metadata(r) for r in log.all_partitions(conn, stream)]
 
 
 def active_partitions(conn: sqlite3.Connection, stream: str) -> list[PartitionMetadata]:
-    rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM _partitions WHERE stream = ? AND end_micros IS NULL "
-        "ORDER BY range_start",
-        (stream,),
-    )
-    return [_to_metadata(r) for r in rows]
+    return [_to_metadata(r) for r in log.active_partitions(conn, stream)]
 
 
 def get_partition(conn: sqlite3.Connection, stream: str, token: str) -> PartitionMetadata:
-    row = conn.execute(
-        f"SELECT {_COLUMNS} FROM _partitions WHERE stream = ? AND token = ?", (stream, token)
-    ).fetchone()
+    row = log.partition(conn, stream, token)
     if row is None:
         raise NotFound(f"partition token {token!r} does not exist in change stream {stream!r}")
     return _to_metadata(row)
@@ -121,23 +101,11 @@ def _require_active(conn: sqlite3.Connection, stream: str, token: str) -> Partit
 def _finish(
     conn: sqlite3.Connection, stream: str, parents: list[str], children: list[str], at: int
 ) -> None:
-    child_entries = [
-        [child, json.loads(conn.execute(
-            "SELECT parents FROM _partitions WHERE stream = ? AND token = ?", (stream, child)
-        ).fetchone()[0])]
-        for child in children
-    ]
+    child_entries = [[child, log.partition_parents(conn, stream, child)] for child in children]
     body = json.dumps({"start_micros": at, "children": child_entries})
     for parent in parents:
-        conn.execute(
-            "UPDATE _partitions SET end_micros = ?, children = ? WHERE stream = ? AND token = ?",
-            (at, json.dumps(children), stream, parent),
-        )
-        conn.execute(
-            "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
-            "VALUES (?, ?, ?, 0, ?, 0, ?)",
-            (stream, parent, at, LOG_CHILD, body),
-        )
+        log.finish_partition(conn, stream, parent, at, children)
+        log.insert_child_record(conn, stream, parent, at, body)
     bump_version(conn)
 
 
@@ -162,16 +130,6 @@ def merge(conn: sqlite3.Connection, stream: str, tokens: list[str], micros: int)
     child = _insert(conn, stream, key_range, micros, ordered)
     _finish(conn, stream, ordered, [child], micros)
     return child
-
-
-def refresh_record_counts(conn: sqlite3.Connection, stream: str) -> None:
-    """Count the retained data records of every active partition (for the policy)."""
-    conn.execute(
-        "UPDATE _partitions SET records = (SELECT COUNT(*) FROM _log AS l WHERE "
-        "l.stream = _partitions.stream AND l.token = _partitions.token AND l.kind = 0) "
-        "WHERE stream = ? AND end_micros IS NULL",
-        (stream,),
-    )
 
 
 def split_candidates(

@@ -27,9 +27,9 @@ from cdcflow.model.records import (
 )
 from cdcflow.model.schema import ChangeStreamDef
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
-from cdcflow.store import partition_map
+from cdcflow.store import log, partition_map
 from cdcflow.store.session import Session
-from cdcflow.store.sqlite import LOG_CHILD, read_meta, read_transaction
+from cdcflow.store.sqlite import read_meta, read_transaction
 
 MIN_HEARTBEAT_MS = 1_000
 MAX_HEARTBEAT_MS = 300_000
@@ -110,10 +110,13 @@ def initial_partitions(session: Session, args: QueryArgs) -> ChangeRecord:
     return ChangeRecord(child_partitions_record=record)
 
 
-def _child_record(body: str) -> ChangeRecord:
+def _child_record(body: str, not_before: int = 0) -> ChangeRecord:
+    """The child-partitions record of a log body; its start is at least `not_before` (a query
+    of a partition that ended before the query's start gets the query's start, CS-9)."""
     data = json.loads(body)
     children = tuple(ChildPartition(t, tuple(parents)) for t, parents in data["children"])
-    record = ChildPartitionsRecord(from_micros(data["start_micros"]), format_sequence(0), children)
+    start = max(int(data["start_micros"]), not_before)
+    record = ChildPartitionsRecord(from_micros(start), format_sequence(0), children)
     return ChangeRecord(child_partitions_record=record)
 
 
@@ -125,72 +128,71 @@ def read_partition(
 ) -> Iterator[ChangeRecord]:
     """Records of one partition from `start` to `end` (or until the partition ends)."""
     assert args.token is not None
-    conn = session.conn
-    stream, token = args.stream.name, args.token
-    after = (args.start_micros - 1, 1 << 62)
+    if args.end_micros is not None and args.end_micros <= to_micros(clock.now()):
+        publish_closed(args.end_micros)  # an end in the past: no need to wait for commits
+    position = log.after_micros(args.start_micros - 1)
     last_progress = to_micros(clock.now())
-    heartbeat_micros = args.heartbeat_ms * 1_000
     poll = _POLL_MIN_S
     promised = -1
     while True:
-        with read_transaction(conn):
-            meta = read_meta(conn)
-            safe = max(int(meta["last_commit_micros"]), int(meta["closed_micros"]))
-            bound = safe if args.end_micros is None else min(safe, args.end_micros)
-            rows = conn.execute(
-                "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
-                "AND (commit_micros, seq) > (?, ?) "
-                "AND commit_micros <= ? ORDER BY commit_micros, seq LIMIT ?",
-                (stream, token, after[0], after[1], bound, _BATCH),
-            ).fetchall()
-            ended_at = conn.execute(
-                "SELECT end_micros FROM _partitions WHERE stream = ? AND token = ?",
-                (stream, token),
-            ).fetchone()
+        safe, bound, rows, ended_at = _poll(session, args, position)
         if ended_at is None:
-            raise NotFound(f"partition {token!r} of stream {stream!r} no longer exists")
-        saw_child = False
+            raise NotFound(f"partition {args.token!r} of stream {args.stream.name!r} no longer "
+                           "exists")
         for micros, seq, kind, body in rows:
-            after = (micros, seq)
-            if kind == LOG_CHILD:
-                saw_child = True
+            position = (micros, seq)
+            if kind == log.LOG_CHILD:
                 yield _child_record(body)
-            else:
-                record = DataChangeRecord.from_dict(orjson.loads(body))
-                yield ChangeRecord(data_change_record=record)
-        if saw_child:
-            return
+                return
+            record = DataChangeRecord.from_dict(orjson.loads(body))
+            yield ChangeRecord(data_change_record=record)
         if rows:
             last_progress = to_micros(clock.now())
             poll = _POLL_MIN_S
             if len(rows) == _BATCH:
                 continue
+        if ended_at[0] is not None and ended_at[0] < args.start_micros:
+            yield from _late_children(session, args)
+            return
         if args.end_micros is not None and safe >= args.end_micros:
             return
-        if ended_at[0] is not None and ended_at[0] < args.start_micros:
-            yield from _late_children(session, stream, token)
-            return
         now = to_micros(clock.now())
-        if not rows and now - last_progress >= heartbeat_micros:
+        if not rows and now - last_progress >= args.heartbeat_ms * 1_000:
             if promised >= 0 and bound >= promised:
                 yield ChangeRecord(heartbeat_record=HeartbeatRecord(from_micros(bound)))
                 last_progress, promised = now, -1
                 continue
-            promised = safe if safe >= now - heartbeat_micros // 2 else publish_closed(now)
+            recent = safe >= now - args.heartbeat_ms * 500
+            promised = safe if recent else publish_closed(now)
             continue
         clock.sleep(poll)
         poll = min(poll * 2, _POLL_MAX_S)
 
 
-def _late_children(session: Session, stream: str, token: str) -> Iterator[ChangeRecord]:
-    """Child records of a partition that ended before the query's start."""
+def _poll(
+    session: Session, args: QueryArgs, position: tuple[int, int]
+) -> tuple[int, int, list[log.LogRow], tuple[int | None] | None]:
+    """One consistent look at the log: the safe time, the bound of this read (the safe time,
+    or the query's end if earlier), the next records up to it, and the partition's end (None
+    when the partition is gone)."""
+    assert args.token is not None
     with read_transaction(session.conn):
-        rows = session.conn.execute(
-            "SELECT body FROM _log WHERE stream = ? AND token = ? AND kind = ?",
-            (stream, token, LOG_CHILD),
-        ).fetchall()
-    for (body,) in rows:
-        yield _child_record(body)
+        meta = read_meta(session.conn)
+        safe = max(int(meta["last_commit_micros"]), int(meta["closed_micros"]))
+        bound = safe if args.end_micros is None else min(safe, args.end_micros)
+        rows = log.records_after(session.conn, args.stream.name, args.token, position, bound,
+                                 _BATCH)
+        found = log.partition(session.conn, args.stream.name, args.token)
+    return safe, bound, rows, None if found is None else (found[4],)
+
+
+def _late_children(session: Session, args: QueryArgs) -> Iterator[ChangeRecord]:
+    """Child records of a partition that ended before the query's start."""
+    assert args.token is not None
+    with read_transaction(session.conn):
+        bodies = log.child_bodies(session.conn, args.stream.name, args.token)
+    for body in bodies:
+        yield _child_record(body, not_before=args.start_micros)
 
 
 def scan_log(
@@ -201,15 +203,11 @@ def scan_log(
     For bulk readers (the Spark source) that have planned the range against the safe time
     themselves; the caller checks retention. `kind` is LOG_DATA or LOG_CHILD.
     """
-    position = (after_micros, 1 << 62)
+    position = log.after_micros(after_micros)
     while True:
         with read_transaction(session.conn):
-            rows = session.conn.execute(
-                "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
-                "AND (commit_micros, seq) > (?, ?) AND commit_micros <= ? "
-                "ORDER BY commit_micros, seq LIMIT ?",
-                (stream, token, position[0], position[1], until_micros, _BATCH * 5),
-            ).fetchall()
+            rows = log.records_after(session.conn, stream, token, position, until_micros,
+                                     _BATCH * 5)
         for micros, seq, kind, body in rows:
             position = (micros, seq)
             yield kind, body

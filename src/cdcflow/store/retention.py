@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from cdcflow.store import log
 from cdcflow.store.catalog import Catalog
 from cdcflow.store.rows import gc_versions
 
@@ -15,21 +16,10 @@ VERSION_RETENTION_MICROS = 3_600 * 1_000_000
 
 def expire_change_records(conn: sqlite3.Connection, catalog: Catalog, now_micros: int) -> int:
     """Delete every stream's records older than its retention; return how many went."""
-    removed = 0
-    for stream in catalog.streams.values():
-        cutoff = now_micros - stream.retention_micros
-        tokens = [
-            t for (t,) in conn.execute(
-                "SELECT token FROM _partitions WHERE stream = ? AND start_micros < ?",
-                (stream.name, cutoff),
-            )
-        ]
-        for token in tokens:
-            removed += conn.execute(
-                "DELETE FROM _log WHERE stream = ? AND token = ? AND commit_micros < ?",
-                (stream.name, token, cutoff),
-            ).rowcount
-    return removed
+    return sum(
+        log.expire_records(conn, stream.name, now_micros - stream.retention_micros)
+        for stream in catalog.streams.values()
+    )
 
 
 def expire_row_versions(conn: sqlite3.Connection, catalog: Catalog, now_micros: int) -> int:

@@ -15,14 +15,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
+from cdcflow.model.partitions import FINISHED, PartitionMetadata
 from cdcflow.model.records import DataChangeRecord
 from cdcflow.model.schema import MAX_RETENTION_MICROS, MIN_RETENTION_MICROS
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import partition_map
+from cdcflow.store import log, partition_map
 from cdcflow.store.ddl import StreamScope
 from cdcflow.store.session import Session
-from cdcflow.store.sqlite import LOG_CHILD, read_transaction, write_transaction
+from cdcflow.store.sqlite import read_transaction, write_transaction
 
 _ACTIONS = {"INSERT": "PUT_ROW", "UPDATE": "UPDATE_ROW", "DELETE": "DELETE_ROW"}
 _MAX_LIMIT = 10_000
@@ -79,6 +80,27 @@ def _decode_iterator(iterator: str) -> tuple[str, str, tuple[int, int, int]]:
         return str(stream_id), str(shard_id), (int(micros), int(seq), int(mod))
     except (ValueError, TypeError):
         raise InvalidArgument(f"shard iterator {iterator[:40]!r} is not a valid iterator") from None
+
+
+def _missed_expired(session: Session, stream: str, shard_id: str, position: tuple[int, int],
+                    cutoff: int) -> bool:
+    """Whether records after `position` expired unread: removed by retention, or past the
+    expiration though not removed yet."""
+    removed = log.expired_upto(session.conn, stream, shard_id)
+    if removed is not None and removed > position[0]:
+        return True
+    return bool(log.records_after(session.conn, stream, shard_id, position, cutoff - 1, 1))
+
+
+def _shard_infos(shards: list[PartitionMetadata]) -> tuple[ShardInfo, ...]:
+    """SH-6 shard entries; a parent that expired is no longer named (it holds nothing)."""
+    listed = {s.token for s in shards}
+    infos = []
+    for shard in shards:
+        parents = [p for p in shard.parent_tokens if p in listed]
+        infos.append(ShardInfo(shard.token, parents[0] if parents else None,
+                               parents[1] if len(parents) > 1 else None))
+    return tuple(infos)
 
 
 class ShardApi(ABC):
@@ -197,23 +219,15 @@ class ShardApi(ABC):
         with read_transaction(session.conn):
             table, change_stream, enabled, expiration = self._stream_row(session, stream_id)
             partitions = partition_map.all_partitions(session.conn, change_stream)
-        cutoff = self._now_micros() - expiration
-        shards = tuple(
-            ShardInfo(
-                p.token,
-                p.parent_tokens[0] if p.parent_tokens else None,
-                p.parent_tokens[1] if len(p.parent_tokens) > 1 else None,
-            )
-            for p in partitions
-            if p.end_timestamp is None or p.end_timestamp > from_micros(cutoff)
-        )
+        cutoff = from_micros(self._now_micros() - expiration)
+        kept = [p for p in partitions if p.end_timestamp is None or p.end_timestamp > cutoff]
         return StreamDescription(
             stream_id,
             table,
             from_micros(enabled),
             timedelta(microseconds=expiration),
             "ACTIVE",
-            shards,
+            _shard_infos(kept),
         )
 
     def get_shard_iterator(self, stream_id: str, shard_id: str) -> str:
@@ -222,8 +236,7 @@ class ShardApi(ABC):
         with read_transaction(session.conn):
             _, change_stream, _, expiration = self._stream_row(session, stream_id)
             shard = partition_map.get_partition(session.conn, change_stream, shard_id)
-        start = to_micros(shard.start_timestamp)
-        first = max(start, self._now_micros() - expiration)
+        first = max(to_micros(shard.start_timestamp), self._now_micros() - expiration)
         return _encode_iterator(stream_id, shard_id, (first - 1, 1 << 62, 1 << 30))
 
     def get_stream_record(
@@ -237,21 +250,21 @@ class ShardApi(ABC):
         session = self._session()
         with read_transaction(session.conn):
             _, change_stream, _, expiration = self._stream_row(session, stream_id)
-            partition_map.get_partition(session.conn, change_stream, shard_id)
+            shard = partition_map.get_partition(session.conn, change_stream, shard_id)
             cutoff = self._now_micros() - expiration
-            if micros + 1 < cutoff:
+            if _missed_expired(session, change_stream, shard_id, (micros, seq), cutoff):
                 raise OutOfRange(
-                    f"shard iterator points at {format_rfc3339(max(micros, 0))}, older than "
-                    f"the stream's expiration; the earliest valid time is "
-                    f"{format_rfc3339(cutoff)}: call get_shard_iterator again"
+                    f"shard iterator points at {format_rfc3339(max(micros, 0))}, and records "
+                    f"after it are older than the stream's expiration; the earliest valid time "
+                    f"is {format_rfc3339(cutoff)}: call get_shard_iterator again"
                 )
-            rows = session.conn.execute(
-                "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
-                "AND (commit_micros, seq) >= (?, ?) "
-                "ORDER BY commit_micros, seq LIMIT ?",
-                (change_stream, shard_id, micros, seq, limit + 1),
-            ).fetchall()
-        return self._page(stream_id, shard_id, (micros, seq, mod), rows, limit)
+            rows = log.records_after(session.conn, change_stream, shard_id, (micros, seq - 1),
+                                     None, limit + 1)
+        records, following = self._page(stream_id, shard_id, (micros, seq, mod), rows, limit)
+        if following is not None and shard.state == FINISHED and len(rows) <= limit \
+                and len(records) < limit:
+            return records, None  # its child record expired: the shard still ended (SH-7)
+        return records, following
 
     def _page(
         self,
@@ -263,7 +276,7 @@ class ShardApi(ABC):
     ) -> tuple[list[StreamRecord], str | None]:
         records: list[StreamRecord] = []
         for row_micros, row_seq, kind, body in rows:
-            if kind == LOG_CHILD:
+            if kind == log.LOG_CHILD:
                 if len(records) < limit:
                     return records, None
                 break

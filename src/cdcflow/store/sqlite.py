@@ -12,21 +12,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from cdcflow.errors import FailedPrecondition
+from cdcflow.store import log
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS _meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _tables (
     name TEXT PRIMARY KEY, schema TEXT NOT NULL, storage TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS _streams (
     name TEXT PRIMARY KEY, definition TEXT NOT NULL, policy_checked_micros INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS _partitions (
-    stream TEXT NOT NULL, token TEXT NOT NULL, range_start INTEGER NOT NULL,
-    range_end INTEGER NOT NULL, start_micros INTEGER NOT NULL, end_micros INTEGER,
-    parents TEXT NOT NULL, children TEXT NOT NULL, records INTEGER NOT NULL,
-    PRIMARY KEY (stream, token));
-CREATE TABLE IF NOT EXISTS _log (
-    stream TEXT NOT NULL, token TEXT NOT NULL, commit_micros INTEGER NOT NULL,
-    seq INTEGER NOT NULL, kind INTEGER NOT NULL, mods INTEGER NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (stream, token, commit_micros, seq));
 CREATE TABLE IF NOT EXISTS _shard_streams (
     stream_id TEXT PRIMARY KEY, table_name TEXT NOT NULL, change_stream TEXT NOT NULL,
     enabled_micros INTEGER NOT NULL, expiration_micros INTEGER NOT NULL,
@@ -44,8 +38,6 @@ _DEFAULT_META = {
     "gc_micros": 0,
 }
 
-LOG_DATA = 0
-LOG_CHILD = 1
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -58,13 +50,31 @@ def connect(path: str) -> sqlite3.Connection:
 
 
 def initialise(conn: sqlite3.Connection) -> None:
-    """Create the internal tables and meta values if missing (idempotent, safe to race)."""
+    """Create the internal tables and meta values if missing, and bring a file of an older
+    format up to this one (idempotent, safe to race)."""
     with write_transaction(conn):
         for statement in _SCHEMA.strip().split(";"):
             if statement.strip():
                 conn.execute(statement)
+        log.create_tables(conn)
         conn.executemany(
             "INSERT OR IGNORE INTO _meta(key, value) VALUES (?, ?)", _DEFAULT_META.items()
+        )
+        check_format(read_meta(conn))
+        write_meta(conn, {"log_format": log.FORMAT_VERSION})
+
+
+def file_format(meta: dict[str, Any]) -> int:
+    """The format a file was written in; a file without the key is format 1."""
+    return int(meta.get("log_format", 1))
+
+
+def check_format(meta: dict[str, Any]) -> None:
+    found = file_format(meta)
+    if found > log.FORMAT_VERSION:
+        raise FailedPrecondition(
+            f"the file has log format {found}, newer than this cdcflow reads "
+            f"({log.FORMAT_VERSION}); upgrade cdcflow to open it"
         )
 
 
@@ -95,8 +105,11 @@ def read_meta(conn: sqlite3.Connection) -> dict[str, Any]:
 
 
 def write_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
-    pairs = [(v, k) for k, v in values.items()]
-    conn.executemany("UPDATE _meta SET value = ? WHERE key = ?", pairs)
+    pairs = [(k, v) for k, v in values.items()]
+    conn.executemany(
+        "INSERT INTO _meta(key, value) VALUES (?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET value = excluded.value", pairs
+    )
 
 
 def storage_name(number: int) -> str:

@@ -196,3 +196,56 @@ def test_scan_at_a_timestamp_is_a_consistent_snapshot(db: Database):
     parts = db.scan("K", key_hash_range=(0, half)) + db.scan("K", key_hash_range=(half, 1 << 62))
     assert sorted(r["Id"] for r in parts) == [1, 3]
     assert db.read_row("K", 2, read_timestamp=at) == {"Id": 2, "V": 2}
+
+
+def test_bounded_query_whose_end_is_past_returns_without_waiting(
+    fake_db: Database, clock: FakeClock
+):
+    """CS-5: after all records up to `end` the query ends; with `end` already past it must
+    not sit out a heartbeat interval first (the fake clock moves only when the reader waits)."""
+    db = fake_db
+    db.ddl(TABLE)
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    (root,) = db.partitions("S")
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 1})
+    clock.advance(timedelta(seconds=5))
+    end = clock.now() - timedelta(seconds=1)
+    before = clock.now()
+    rows = list(db.read_change_stream("S", root.start_timestamp, end, root.token, 4000))
+    assert [r.data_change_record is not None for r in rows] == [True]
+    assert clock.now() == before
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 2})
+    assert tx.commit_timestamp > end  # closing the past end did not move commits into it
+
+
+@pytest.mark.parametrize("bad", [12345, 1.5, b"2026-01-01", ["2026-01-01T00:00:00Z"]])
+def test_a_parameter_that_is_not_a_timestamp_is_invalid_argument(db: Database, bad: object):
+    db.ddl(TABLE)
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    with pytest.raises(InvalidArgument, match="is not a timestamp"):
+        db.read_change_stream("S", bad, None, None, 1000)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="is not a timestamp"):
+        list(db.execute_sql(
+            "SELECT ChangeRecord FROM READ_S(start_timestamp => @s, heartbeat_milliseconds "
+            "=> 1000)", {"s": bad}))
+    with pytest.raises(InvalidArgument, match="is not a timestamp"):
+        db.scan("K", read_timestamp=bad)  # type: ignore[arg-type]
+
+
+def test_query_of_a_partition_that_ended_before_start_gives_children_from_start(db: Database):
+    """CS-9: a child record's start_timestamp lies between the query's start and end."""
+    db.ddl(TABLE)
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    (root,) = db.partitions("S")
+    low, high = db.split_partition("S", root.token)
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 1})
+    start = tx.commit_timestamp
+    end = db.current_timestamp()
+    (row,) = list(db.read_change_stream("S", start, end, root.token, 1000))
+    record = row.child_partitions_record
+    assert record is not None
+    assert start <= record.start_timestamp <= end
+    assert {c.token for c in record.child_partitions} == {low, high}

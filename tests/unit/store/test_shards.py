@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from cdcflow import Database, FakeClock
+from cdcflow import Database, FakeClock, PartitionPolicy
 from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
 
 pytestmark = pytest.mark.unit
@@ -106,3 +106,59 @@ def test_expiration_and_bad_arguments(fake_db: Database, clock: FakeClock):
         db.get_shard_iterator(stream_id, "nope")
     db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=5))
     assert db.describe_stream(stream_id).expiration_time == timedelta(hours=5)
+
+
+def test_an_expired_finished_shard_still_ends_and_is_not_named_as_a_parent(
+    fake_db: Database, clock: FakeClock
+):
+    """SH-5/SH-7: retention removes the child record that ended a shard; the shard must still
+    read as ended, and its children must not point at a shard describe_stream hides."""
+    db = fake_db
+    db.set_partition_policy(PartitionPolicy(auto=False))
+    db.ddl(TABLE)
+    stream_id = str(db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=1)))
+    (name,) = [n for n in db._catalog().streams if n.startswith("__shard_K")]
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 1})
+    (root,) = db.partitions(name)
+    low, high = db.split_partition(name, root.token)
+    clock.advance(timedelta(hours=2))
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 2})
+    db.enforce_retention()  # the commit above may have expired them already (throttled GC)
+    conn = db._session().conn
+    assert conn.execute("SELECT COUNT(*) FROM _log WHERE token = ?", (root.token,)).fetchone() \
+        == (0,)  # the data and the child record that ended the shard are gone
+    iterator = db.get_shard_iterator(stream_id, root.token)
+    assert db.get_stream_record(iterator) == ([], None)
+    shards = {s.shard_id: s for s in db.describe_stream(stream_id).shards}
+    assert root.token not in shards
+    assert shards[low].parent_id is None and shards[high].parent_id is None
+    seen = []
+    for shard in (low, high):
+        records, following = db.get_stream_record(db.get_shard_iterator(stream_id, shard))
+        seen += [r.primary_key["Id"] for r in records]
+        assert following is not None  # active shards do not end
+    assert seen == [2]
+
+
+def test_a_reader_behind_removed_records_is_told_so(fake_db: Database, clock: FakeClock):
+    db = fake_db
+    db.ddl(TABLE)
+    stream_id = str(db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=1)))
+    (shard,) = db.describe_stream(stream_id).shards
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 1})
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 2})
+    first, iterator = db.get_stream_record(db.get_shard_iterator(stream_id, shard.shard_id), 1)
+    assert [r.primary_key["Id"] for r in first] == [1] and iterator is not None
+    fresh = db.get_shard_iterator(stream_id, shard.shard_id)
+    clock.advance(timedelta(minutes=30))
+    assert [r.primary_key["Id"] for r in db.get_stream_record(iterator)[0]] == [2]
+    clock.advance(timedelta(hours=1))
+    db.enforce_retention()
+    with pytest.raises(OutOfRange, match="get_shard_iterator again"):
+        db.get_stream_record(iterator)  # record 2 was never read and is gone
+    with pytest.raises(OutOfRange):
+        db.get_stream_record(fresh)

@@ -1,0 +1,105 @@
+"""Committed source transactions, as external sources hand them to the change log.
+
+A `SourceTransaction` is what a capture worker read from its source: the row changes of one
+committed transaction, in the order the source applied them, with the source block
+(`SourceMetadata`). Values use the record encoding of `cdcflow.model.types`, and
+`column_types` (CS-7) says how to decode them. `validate_transaction` checks every rule that
+can be known without the log, so a bad transaction is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdcflow.errors import InvalidArgument
+from cdcflow.model.records import MOD_TYPES, ColumnTypeInfo
+from cdcflow.model.schema import VALUE_CAPTURE_TYPES
+from cdcflow.model.source import SourceMetadata, kind_of
+from cdcflow.model.types import decode_value, validate_value
+
+
+@dataclass(frozen=True, slots=True)
+class SourceChange:
+    """One row change: keys (the primary key; empty for a table without one), non-key new and
+    old values, the columns' types, what the values capture (`value_capture_type`, e.g.
+    NEW_ROW when the new values are the whole row) and the change's own position fields."""
+
+    table: str
+    mod_type: str
+    keys: dict[str, Any]
+    new_values: dict[str, Any]
+    old_values: dict[str, Any]
+    column_types: tuple[ColumnTypeInfo, ...]
+    value_capture_type: str = "NEW_ROW"
+    position: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceTransaction:
+    """The changes of one committed source transaction, in source order, and its block."""
+
+    metadata: SourceMetadata
+    changes: tuple[SourceChange, ...]
+
+
+def validate_transaction(transaction: SourceTransaction) -> None:
+    """Raise InvalidArgument naming the change and the rule it breaks; return if all hold."""
+    metadata = transaction.metadata
+    kind = kind_of(metadata.read_method)
+    if metadata.read_method != kind.cdc_method:
+        raise InvalidArgument(
+            f"read_method {metadata.read_method!r} is a backfill method; the change log takes "
+            f"CDC transactions ({kind.cdc_method!r})"
+        )
+    if metadata.source_timestamp.tzinfo is None:
+        raise InvalidArgument(f"source_timestamp {metadata.source_timestamp!r} has no timezone")
+    if not transaction.changes:
+        raise InvalidArgument("a source transaction needs at least one change")
+    for index, change in enumerate(transaction.changes):
+        try:
+            _validate_change(change)
+        except InvalidArgument as error:
+            raise InvalidArgument(f"change {index} of transaction {metadata.tx_id!r}: "
+                                  f"{error}") from None
+
+
+def _validate_change(change: SourceChange) -> None:
+    if not isinstance(change.table, str) or not change.table:
+        raise InvalidArgument(f"table {change.table!r} must be a non-empty name")
+    if change.mod_type not in MOD_TYPES:
+        raise InvalidArgument(f"mod_type {change.mod_type!r} is not one of {MOD_TYPES}")
+    if change.value_capture_type not in VALUE_CAPTURE_TYPES:
+        raise InvalidArgument(f"value_capture_type {change.value_capture_type!r} is not one of "
+                              f"{VALUE_CAPTURE_TYPES}")
+    types = {c.name: c for c in change.column_types}
+    if len(types) != len(change.column_types):
+        raise InvalidArgument(f"column_types of {change.table!r} name a column twice")
+    key_names = {c.name for c in change.column_types if c.is_primary_key}
+    if set(change.keys) != key_names:
+        raise InvalidArgument(f"keys {sorted(change.keys)} of {change.table!r} must be exactly "
+                              f"its primary key columns {sorted(key_names)}")
+    if any(value is None for value in change.keys.values()):
+        raise InvalidArgument(f"keys {change.keys!r} of {change.table!r} hold NULL")
+    if change.mod_type == "INSERT" and change.old_values:
+        raise InvalidArgument("an INSERT has no old values")
+    if change.mod_type == "DELETE" and change.new_values:
+        raise InvalidArgument("a DELETE has no new values")
+    for part in (change.keys, change.new_values, change.old_values):
+        for name, value in part.items():
+            _check_value(change, types, key_names, part is change.keys, name, value)
+
+
+def _check_value(change: SourceChange, types: dict[str, ColumnTypeInfo], key_names: set[str],
+                 is_key: bool, name: str, value: Any) -> None:
+    info = types.get(name)
+    if info is None:
+        raise InvalidArgument(f"column {name!r} of {change.table!r} is not in its column_types")
+    if not is_key and name in key_names:
+        raise InvalidArgument(f"key column {name!r} of {change.table!r} belongs in keys, not "
+                              "in new or old values (CS-7)")
+    try:
+        validate_value(decode_value(value, info.type), info.type, name)
+    except (InvalidArgument, ValueError, TypeError, KeyError, AttributeError) as error:
+        raise InvalidArgument(f"value {value!r} of column {name!r} is not a "
+                              f"{info.type.ddl()} in the record encoding: {error}") from None

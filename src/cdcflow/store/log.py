@@ -1,0 +1,265 @@
+"""The log tables and every SQL statement on them (the DAO of the change log).
+
+Three tables make the log: `_partitions` (each change-stream partition: key range, time span,
+lineage), `_log` (records per partition: data records, and the child-partitions record that
+ends a partition) and `_positions` (per external source, the position after the last
+transaction appended). No other module touches them. Every function runs inside the caller's
+SQLite transaction: a write function inside a write transaction, so the records of one
+commit, its partition changes and the source position land together or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+LOG_DATA: Final = 0
+LOG_CHILD: Final = 1
+FORMAT_VERSION: Final = 2
+"""1: the first release; 2: source blocks on records, `_positions`, and
+`_partitions.expired_upto` (the newest commit that retention removed from a partition)."""
+
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS _partitions ("
+    "stream TEXT NOT NULL, token TEXT NOT NULL, range_start INTEGER NOT NULL, "
+    "range_end INTEGER NOT NULL, start_micros INTEGER NOT NULL, end_micros INTEGER, "
+    "parents TEXT NOT NULL, children TEXT NOT NULL, records INTEGER NOT NULL, "
+    "expired_upto INTEGER, PRIMARY KEY (stream, token))",
+    "CREATE TABLE IF NOT EXISTS _log ("
+    "stream TEXT NOT NULL, token TEXT NOT NULL, commit_micros INTEGER NOT NULL, "
+    "seq INTEGER NOT NULL, kind INTEGER NOT NULL, mods INTEGER NOT NULL, body TEXT NOT NULL, "
+    "PRIMARY KEY (stream, token, commit_micros, seq))",
+    "CREATE TABLE IF NOT EXISTS _positions ("
+    "source TEXT PRIMARY KEY, position TEXT NOT NULL, source_micros INTEGER, "
+    "appended_micros INTEGER NOT NULL) WITHOUT ROWID",
+)
+_PARTITION_COLUMNS = (
+    "token, range_start, range_end, start_micros, end_micros, parents, children, records"
+)
+_AFTER_EVERYTHING = 1 << 62
+"""A record sequence above every real one: (micros, this) sorts after all records at micros."""
+
+PartitionRow = tuple[str, int, int, int, int | None, str, str, int]
+LogRow = tuple[int, int, int, str]
+"""(commit micros, seq, kind, JSON body)"""
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    """Create the log tables if missing (idempotent; also upgrades a format-1 file)."""
+    for statement in _TABLES:
+        conn.execute(statement)
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(_partitions)")}
+    if "expired_upto" not in columns:
+        conn.execute("ALTER TABLE _partitions ADD COLUMN expired_upto INTEGER")
+
+
+# ---- partitions -----------------------------------------------------------------------------
+
+
+def insert_partition(
+    conn: sqlite3.Connection, stream: str, token: str, key_range: tuple[int, int], start: int,
+    parents: list[str],
+) -> None:
+    conn.execute(
+        f"INSERT INTO _partitions(stream, {_PARTITION_COLUMNS}) "
+        "VALUES (?, ?, ?, ?, ?, NULL, ?, '[]', 0)",
+        (stream, token, key_range[0], key_range[1], start, json.dumps(parents)),
+    )
+
+
+def finish_partition(
+    conn: sqlite3.Connection, stream: str, token: str, at: int, children: list[str]
+) -> None:
+    conn.execute(
+        "UPDATE _partitions SET end_micros = ?, children = ? WHERE stream = ? AND token = ?",
+        (at, json.dumps(children), stream, token),
+    )
+
+
+def partition_parents(conn: sqlite3.Connection, stream: str, token: str) -> list[str]:
+    (parents,) = conn.execute(
+        "SELECT parents FROM _partitions WHERE stream = ? AND token = ?", (stream, token)
+    ).fetchone()
+    result: list[str] = json.loads(parents)
+    return result
+
+
+def all_partitions(conn: sqlite3.Connection, stream: str) -> list[PartitionRow]:
+    return conn.execute(
+        f"SELECT {_PARTITION_COLUMNS} FROM _partitions WHERE stream = ? "
+        "ORDER BY start_micros, range_start",
+        (stream,),
+    ).fetchall()
+
+
+def active_partitions(conn: sqlite3.Connection, stream: str) -> list[PartitionRow]:
+    return conn.execute(
+        f"SELECT {_PARTITION_COLUMNS} FROM _partitions WHERE stream = ? AND end_micros IS NULL "
+        "ORDER BY range_start",
+        (stream,),
+    ).fetchall()
+
+
+def partition(conn: sqlite3.Connection, stream: str, token: str) -> PartitionRow | None:
+    row: PartitionRow | None = conn.execute(
+        f"SELECT {_PARTITION_COLUMNS} FROM _partitions WHERE stream = ? AND token = ?",
+        (stream, token),
+    ).fetchone()
+    return row
+
+
+def refresh_record_counts(conn: sqlite3.Connection, stream: str) -> None:
+    """Count the retained data records of every active partition (for the policy)."""
+    conn.execute(
+        "UPDATE _partitions SET records = (SELECT COUNT(*) FROM _log AS l WHERE "
+        "l.stream = _partitions.stream AND l.token = _partitions.token AND l.kind = ?) "
+        "WHERE stream = ? AND end_micros IS NULL",
+        (LOG_DATA, stream),
+    )
+
+
+# ---- records --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DataRow:
+    """One data record ready for `_log`: stream, partition token, sequence, mods, body."""
+
+    stream: str
+    token: str
+    sequence: int
+    mods: int
+    body: str
+
+
+def insert_data_records(conn: sqlite3.Connection, micros: int, rows: Iterable[DataRow]) -> None:
+    conn.executemany(
+        "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(r.stream, r.token, micros, r.sequence, LOG_DATA, r.mods, r.body) for r in rows],
+    )
+
+
+def insert_child_record(
+    conn: sqlite3.Connection, stream: str, parent: str, at: int, body: str
+) -> None:
+    """The child-partitions record that ends `parent` at `at` (CS-9)."""
+    conn.execute(
+        "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
+        "VALUES (?, ?, ?, 0, ?, 0, ?)",
+        (stream, parent, at, LOG_CHILD, body),
+    )
+
+
+def records_after(
+    conn: sqlite3.Connection, stream: str, token: str, after: tuple[int, int], until: int | None,
+    limit: int,
+) -> list[LogRow]:
+    """Records of a partition after position (micros, seq), up to commit micros `until`
+    (None: no bound), in (commit_timestamp, record_sequence) order."""
+    bound = _AFTER_EVERYTHING if until is None else until
+    rows: list[LogRow] = conn.execute(
+        "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
+        "AND (commit_micros, seq) > (?, ?) AND commit_micros <= ? "
+        "ORDER BY commit_micros, seq LIMIT ?",
+        (stream, token, after[0], after[1], bound, limit),
+    ).fetchall()
+    return rows
+
+
+def after_micros(micros: int) -> tuple[int, int]:
+    """The position just after every record at `micros`."""
+    return (micros, _AFTER_EVERYTHING)
+
+
+def child_bodies(conn: sqlite3.Connection, stream: str, token: str) -> list[str]:
+    return [body for (body,) in conn.execute(
+        "SELECT body FROM _log WHERE stream = ? AND token = ? AND kind = ?",
+        (stream, token, LOG_CHILD),
+    )]
+
+
+def mod_counts(
+    conn: sqlite3.Connection, stream: str, token: str, after: int, until: int, limit: int
+) -> list[tuple[int, int]]:
+    """(commit micros, mods) of the first `limit` data records in (after, until]."""
+    rows = conn.execute(
+        "SELECT commit_micros, mods FROM _log WHERE stream = ? AND token = ? "
+        "AND kind = ? AND commit_micros > ? AND commit_micros <= ? "
+        "ORDER BY commit_micros, seq LIMIT ?",
+        (stream, token, LOG_DATA, after, until, limit),
+    ).fetchall()
+    return [(int(m), int(n)) for m, n in rows]
+
+
+def expire_records(conn: sqlite3.Connection, stream: str, cutoff: int) -> int:
+    """Delete the stream's records older than `cutoff`; return how many went. Each partition
+    remembers the newest commit it lost (`expired_upto`), so a reader positioned before it
+    knows records it never read are gone."""
+    tokens = [t for (t,) in conn.execute(
+        "SELECT token FROM _partitions WHERE stream = ? AND start_micros < ?", (stream, cutoff)
+    )]
+    removed = 0
+    for token in tokens:
+        (newest,) = conn.execute(
+            "SELECT MAX(commit_micros) FROM _log WHERE stream = ? AND token = ? "
+            "AND commit_micros < ?", (stream, token, cutoff)).fetchone()
+        if newest is None:
+            continue
+        removed += conn.execute(
+            "DELETE FROM _log WHERE stream = ? AND token = ? AND commit_micros < ?",
+            (stream, token, cutoff),
+        ).rowcount
+        conn.execute(
+            "UPDATE _partitions SET expired_upto = MAX(COALESCE(expired_upto, ?), ?) "
+            "WHERE stream = ? AND token = ?", (newest, newest, stream, token))
+    return removed
+
+
+def expired_upto(conn: sqlite3.Connection, stream: str, token: str) -> int | None:
+    """The newest commit micros that retention removed from a partition (None: nothing)."""
+    row = conn.execute("SELECT expired_upto FROM _partitions WHERE stream = ? AND token = ?",
+                       (stream, token)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def drop_stream(conn: sqlite3.Connection, stream: str) -> None:
+    """Remove a stream's partitions and records."""
+    conn.execute("DELETE FROM _partitions WHERE stream = ?", (stream,))
+    conn.execute("DELETE FROM _log WHERE stream = ?", (stream,))
+
+
+# ---- source positions -----------------------------------------------------------------------
+
+
+def read_position(
+    conn: sqlite3.Connection, source: str
+) -> tuple[dict[str, Any], int | None, int] | None:
+    """(position, source micros of the last transaction, log micros of the write) or None."""
+    row = conn.execute(
+        "SELECT position, source_micros, appended_micros FROM _positions WHERE source = ?",
+        (source,),
+    ).fetchone()
+    if row is None:
+        return None
+    return json.loads(row[0]), row[1], int(row[2])
+
+
+def write_position(
+    conn: sqlite3.Connection, source: str, position: dict[str, Any], source_micros: int | None,
+    appended_micros: int,
+) -> None:
+    conn.execute(
+        "INSERT INTO _positions(source, position, source_micros, appended_micros) "
+        "VALUES (?, ?, ?, ?) ON CONFLICT(source) DO UPDATE SET position = excluded.position, "
+        "source_micros = COALESCE(excluded.source_micros, _positions.source_micros), "
+        "appended_micros = excluded.appended_micros",
+        (source, json.dumps(position, sort_keys=True), source_micros, appended_micros),
+    )
+
+
+def delete_position(conn: sqlite3.Connection, source: str) -> None:
+    conn.execute("DELETE FROM _positions WHERE source = ?", (source,))
