@@ -85,13 +85,15 @@ def _verify(path: str, folder: Path) -> dict[str, Any]:
 @click.option("--output", default="demo-output", show_default=True, type=click.Path())
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--json", "as_json", is_flag=True, help="Only the JSON summary on stdout.")
-def demo(duration: float, rate: float, output: str, master: str, as_json: bool) -> None:
+@click.option("--verbose", is_flag=True, help="Show Spark's logs and progress bars.")
+def demo(duration: float, rate: float, output: str, master: str, as_json: bool,
+         verbose: bool) -> None:
     """Run a workload into an embedded database and stream it into CDC tables and events."""
     folder = Path(output).resolve()
     path, catalog, _ = _prepare(folder)
     catalog.act("demo", "start")
     stop = threading.Event()
-    spark = spark_session(master)
+    spark = spark_session(master, verbose)
     display = threading.Thread(target=supervise, args=(str(folder / "catalog.db"), stop, spark),
                                kwargs={"as_json": as_json})
     display.start()
@@ -120,6 +122,10 @@ def demo(duration: float, rate: float, output: str, master: str, as_json: bool) 
         "lag_p99_seconds": round(p99, 3),
         "backfill": status.get("backfill"),
         "partitions": status.get("partitions"),
+        "tables": {name: {"apply_watermark": t["apply_watermark"],
+                          "pending_rows": t["pending_rows"]}
+                   for name, t in (status.get("tables") or {}).items()},
+        "errors": [e["message"] for e in catalog.errors("demo")],
         "verification": checks,
         "outputs": {"database": path, "cdc_tables": str(folder / "warehouse"),
                     "events": str(folder / "events" / "demo")},
@@ -131,6 +137,9 @@ def demo(duration: float, rate: float, output: str, master: str, as_json: bool) 
     click.echo(json.dumps(summary, indent=None if as_json else 2))
     if not summary["verification_passed"]:
         click.echo("error: verification failed: a CDC table differs from its source", err=True)
+        exit_now(1)
+    if summary["errors"]:
+        click.echo(f"error: the stream recorded errors: {summary['errors'][:3]}", err=True)
         exit_now(1)
     if not as_json:
         click.echo("verification passed: every CDC table equals its source table")

@@ -18,12 +18,11 @@ from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.runner import Runner
 
 
-def spark_session(master: str) -> Any:
+def spark_session(master: str, verbose: bool = False) -> Any:
+    """The runner's Spark session: quiet (errors only, no progress bars) unless verbose."""
     from cdcflow.spark import session
 
-    spark = session("cdcflow-runner", master=master)
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return session("cdcflow-runner", master=master, verbose=verbose)
 
 
 def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float = 2.0,
@@ -52,10 +51,11 @@ def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float
 @click.option("--catalog", default=DEFAULT_CATALOG, show_default=True)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--json", "as_json", is_flag=True, help="Progress as JSON lines.")
-def run(catalog: str, master: str, as_json: bool) -> None:
+@click.option("--verbose", is_flag=True, help="Show Spark's logs and progress bars.")
+def run(catalog: str, master: str, as_json: bool, verbose: bool) -> None:
     """Supervise streams until Ctrl-C; states stay in the catalog for the next run."""
     stop = threading.Event()
-    spark = spark_session(master)  # before the handlers: Spark installs its own SIGINT one
+    spark = spark_session(master, verbose)  # before the handlers: Spark has its SIGINT one
 
     def interrupt(*_: Any) -> None:
         stop.set()

@@ -18,7 +18,7 @@ from rich.table import Table
 from cdcflow.errors import CdcflowError
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
-from cdcflow.streams.discovery import discover_embedded
+from cdcflow.streams.discovery import discover_definition, discover_embedded
 
 DEFAULT_CATALOG = "cdcflow-catalog.db"
 
@@ -45,6 +45,11 @@ def _errors(command: Callable[..., None]) -> Callable[..., None]:
             raise SystemExit(2) from None
 
     return wrapped
+
+
+def source_label(definition: StreamDefinition) -> str:
+    source = definition.source
+    return f"{source.kind}: {source.database} / {source.change_stream}"
 
 
 def _catalog(ctx: click.Context) -> Catalog:
@@ -85,7 +90,7 @@ def list_streams(ctx: click.Context, as_json: bool) -> None:
     records = _catalog(ctx).streams()
     table = Table("name", "state", "source", "destinations")
     for r in records:
-        table.add_row(r.definition.name, r.state.value, r.definition.source.database,
+        table.add_row(r.definition.name, r.state.value, source_label(r.definition),
                       ", ".join(d.kind for d in r.definition.destinations))
     _emit(as_json, [{"name": r.definition.name, "state": r.state.value} for r in records], table)
 
@@ -168,10 +173,11 @@ def errors(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
 @_errors
 def discover(profile: str, as_json: bool) -> None:
     """Objects and fields of a source: an embedded database file, or a stream YAML file."""
-    database = profile
     if profile.endswith((".yaml", ".yml")):
-        database = StreamDefinition.from_yaml(Path(profile).read_text()).source.database
-    found = discover_embedded(database)
+        definition = StreamDefinition.from_yaml(Path(profile).read_text())
+        found = discover_definition(definition, Path(profile).resolve().parent)
+    else:
+        found = discover_embedded(profile)
     table = Table("object", "field", "type", "key", "nullable")
     for obj in found:
         for field in obj["fields"]:

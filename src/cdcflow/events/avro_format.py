@@ -20,15 +20,19 @@ import fastavro
 from cdcflow.errors import InvalidArgument
 from cdcflow.model.events import Event
 from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.model.source import EMBEDDED, SourceKind, kind_of
 from cdcflow.model.types import ColumnType
 
 _COLUMN_TYPES = "cdcflow.column_types"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MILLIS = {"type": "long", "logicalType": "timestamp-millis"}
-_METADATA_DEFAULTS: dict[str, Any] = {
-    "database": "", "table": "", "change_type": "", "is_deleted": False, "tx_id": "",
-    "record_sequence": "", "partition_token": "", "primary_keys": [],
+_GENERIC_METADATA: dict[str, Any] = {
+    "table": "string", "change_type": "string", "is_deleted": "boolean",
+    "primary_keys": {"type": "array", "items": "string"},
 }
+_GENERIC_DEFAULTS: dict[str, Any] = {
+    "table": "", "change_type": "", "is_deleted": False, "primary_keys": []}
+_LONG_FIELDS = frozenset({"log_position"})
 
 
 def _avro_type(ctype: ColumnType) -> Any:
@@ -54,19 +58,24 @@ def _avro_type(ctype: ColumnType) -> Any:
             return "string"
 
 
-def avro_schema(object_name: str, column_types: Iterable[ColumnTypeInfo]) -> dict[str, Any]:
-    """The unified Avro schema of an object's events."""
+def _metadata_types(kind: SourceKind) -> dict[str, Any]:
+    """Avro types of a kind's source metadata (EV-4): its own fields may be null."""
+    own = [*(kind.object_fields or ()), *kind.fields]
+    types: dict[str, Any] = {name: ["null", "long" if name in _LONG_FIELDS else "string"]
+                             for name in dict.fromkeys(own) if name not in _GENERIC_METADATA}
+    return types | _GENERIC_METADATA
+
+
+def avro_schema(object_name: str, column_types: Iterable[ColumnTypeInfo],
+                kind: SourceKind = EMBEDDED) -> dict[str, Any]:
+    """The unified Avro schema of an object's events from one kind of source."""
     fields = []
     for column in column_types:
         if not _NAME.fullmatch(column.name):
             raise InvalidArgument(f"column name {column.name!r} is not a valid Avro name")
         fields.append({"name": column.name, "type": ["null", _avro_type(column.type)]})
     metadata = {"type": "record", "name": "SourceMetadata", "fields": [
-        {"name": "database", "type": "string"}, {"name": "table", "type": "string"},
-        {"name": "change_type", "type": "string"}, {"name": "is_deleted", "type": "boolean"},
-        {"name": "tx_id", "type": "string"}, {"name": "record_sequence", "type": "string"},
-        {"name": "partition_token", "type": "string"},
-        {"name": "primary_keys", "type": {"type": "array", "items": "string"}},
+        {"name": name, "type": kind_type} for name, kind_type in _metadata_types(kind).items()
     ]}
     safe = re.sub(r"[^A-Za-z0-9_]", "_", object_name)
     return {"type": "record", "name": "Event", "namespace": "cdcflow", "fields": [
@@ -110,21 +119,24 @@ def write_avro(out: IO[bytes], events: list[Event]) -> None:
     if not events:
         raise InvalidArgument("an Avro event file needs at least one event")
     first = events[0]
-    schema = fastavro.parse_schema(avro_schema(first.object, first.column_types))
+    kind = kind_of(first.read_method)
+    schema = fastavro.parse_schema(avro_schema(first.object, first.column_types, kind))
+    names = _metadata_types(kind)
     records = []
     for event in events:
-        if event.schema_key != first.schema_key:
+        if event.schema_key != first.schema_key or kind_of(event.read_method) != kind:
             raise InvalidArgument(
-                f"event {event.uuid} has schema_key {event.schema_key}, not {first.schema_key}:"
-                " one Avro file holds one schema"
+                f"event {event.uuid} has schema_key {event.schema_key} from a "
+                f"{kind_of(event.read_method).name} source, not {first.schema_key} from a "
+                f"{kind.name} source: one Avro file holds one schema"
             )
         records.append({
             "stream_name": event.stream_name, "read_method": event.read_method,
             "object": event.object, "schema_key": event.schema_key, "uuid": event.uuid,
             "read_timestamp": event.read_timestamp, "source_timestamp": event.source_timestamp,
             "sort_keys": list(event.sort_keys),
-            "source_metadata": {k: event.source_metadata.get(k, d)
-                                for k, d in _METADATA_DEFAULTS.items()},
+            "source_metadata": {k: event.source_metadata.get(k, _GENERIC_DEFAULTS.get(k))
+                                for k in names},
             "payload": {c.name: _to_avro(event.payload.get(c.name), c.type)
                         for c in event.column_types},
         })

@@ -2,14 +2,14 @@
 source-specific metadata, in the shape of the seed's example.
 
 Read methods follow the seed's naming, `<source>-cdc-<mechanism>` and
-`<source>-backfill-<mechanism>`: the embedded database emits `embedded-cdc-changestream` and
-`embedded-backfill-snapshot`; the polling watcher will emit `watcher-cdc-poll`, PostgreSQL
-`postgres-cdc-wal` / `postgresql-backfill`, MySQL `mysql-cdc-binlog` /
-`mysql-backfill-fulldump`.
+`<source>-backfill-<mechanism>`, and come from each record's source block
+(`cdcflow.model.source`): the embedded database emits `embedded-cdc-changestream` and
+`embedded-backfill-snapshot`, PostgreSQL `postgres-cdc-wal` / `postgresql-backfill`, MySQL
+`mysql-cdc-binlog` / `mysql-backfill-fulldump`. The source metadata holds the fields EV-4 gives
+for the record's kind of source, and `sort_keys` order the events as EV-6 gives for it.
 
-The uuid is a name-based UUID of the change's position, so a redelivered change carries the
-same uuid and a destination drops duplicates by it (EV-7). `sort_keys` orders the events of one
-object as they happened (EV-6): (commit micros, transaction id, record sequence, mod index).
+The uuid is a name-based UUID of the change's position in the change log, so a redelivered
+change carries the same uuid and a destination drops duplicates by it (EV-7).
 """
 
 from __future__ import annotations
@@ -23,12 +23,19 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord
+from cdcflow.model.source import (
+    EMBEDDED,
+    ChangeContext,
+    SourceKind,
+    SourceMetadata,
+    kind_of,
+    object_parts,
+)
 from cdcflow.model.timestamps import to_micros
 from cdcflow.model.types import encode_value
 
-EMBEDDED_CDC: Final = "embedded-cdc-changestream"
-EMBEDDED_BACKFILL: Final = "embedded-backfill-snapshot"
-WATCHER_CDC: Final = "watcher-cdc-poll"
+EMBEDDED_CDC: Final = EMBEDDED.cdc_method
+EMBEDDED_BACKFILL: Final = EMBEDDED.backfill_method
 _NAMESPACE: Final = uuid.UUID("6c1d3a52-4f7e-4a7e-9b7c-3c2f6f2d9a10")
 
 
@@ -93,6 +100,67 @@ def change_uuid(stream_name: str, *position: str | int) -> str:
     return str(uuid.uuid5(_NAMESPACE, "/".join([stream_name, *map(str, position)])))
 
 
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What an event says about one change besides its row: where it sits in the change log
+    and where it came from (the source block, with the change's own position fields)."""
+
+    table: str
+    mod_type: str
+    column_types: tuple[ColumnTypeInfo, ...]
+    commit_micros: int
+    server_transaction_id: str
+    record_sequence: str
+    mod_index: int
+    partition_token: str
+    source: SourceMetadata
+    position: dict[str, Any]
+
+    @staticmethod
+    def of_record(record: DataChangeRecord, mod_index: int, partition_token: str) -> Change:
+        source = record.source_metadata
+        return Change(record.table_name, record.mod_type, record.column_types,
+                      to_micros(record.commit_timestamp), record.server_transaction_id,
+                      record.record_sequence, mod_index, partition_token, source,
+                      source.position | record.mods[mod_index].position)
+
+
+def source_fields(kind: SourceKind, change: Change, database: str) -> dict[str, Any]:
+    """EV-4 source metadata of a change for its kind of source."""
+    known = {"database": database, "tx_id": change.source.tx_id,
+             "record_sequence": change.record_sequence,
+             "partition_token": change.partition_token, **change.position}
+    keys = [c.name for c in change.column_types if c.is_primary_key]
+    fields = {name: known.get(name) for name in kind.fields}
+    return fields | object_parts(kind, change.table) | {
+        "change_type": change.mod_type, "is_deleted": change.mod_type == "DELETE",
+        "primary_keys": keys}
+
+
+def event_of_change(stream_name: str, database: str, change: Change, row: dict[str, Any],
+                    read_timestamp: datetime) -> Event:
+    """The event of one change; `row` is the whole new row (INSERT, UPDATE) or the deleted row
+    (DELETE), as Python values (EV-5)."""
+    kind = kind_of(change.source.read_method)
+    context = ChangeContext(change.source, change.position, change.commit_micros,
+                            change.server_transaction_id, change.record_sequence,
+                            change.mod_index)
+    return Event(
+        stream_name=stream_name,
+        read_method=change.source.read_method,
+        object=change.table,
+        schema_key=schema_key(change.table, change.column_types),
+        uuid=change_uuid(stream_name, change.table, change.server_transaction_id,
+                         change.record_sequence, change.mod_index),
+        read_timestamp=read_timestamp,
+        source_timestamp=change.source.source_timestamp,
+        sort_keys=kind.sort_keys(context),
+        source_metadata=source_fields(kind, change, database),
+        payload=dict(row),
+        column_types=change.column_types,
+    )
+
+
 def event_from_mod(
     stream_name: str,
     database: str,
@@ -102,35 +170,25 @@ def event_from_mod(
     read_timestamp: datetime,
     partition_token: str = "",
 ) -> Event:
-    """The event of one mod; `row` is the whole new row (INSERT, UPDATE) or the deleted row
-    (DELETE), as Python values (EV-5)."""
-    keys = [c.name for c in record.column_types if c.is_primary_key]
-    deleted = record.mod_type == "DELETE"
-    metadata = {
-        "database": database,
-        "table": record.table_name,
-        "change_type": record.mod_type,
-        "is_deleted": deleted,
-        "tx_id": record.server_transaction_id,
-        "record_sequence": record.record_sequence,
-        "partition_token": partition_token,
-        "primary_keys": keys,
-    }
-    return Event(
-        stream_name=stream_name,
-        read_method=EMBEDDED_CDC,
-        object=record.table_name,
-        schema_key=schema_key(record.table_name, record.column_types),
-        uuid=change_uuid(stream_name, record.table_name, record.server_transaction_id,
-                         record.record_sequence, mod_index),
-        read_timestamp=read_timestamp,
-        source_timestamp=record.commit_timestamp,
-        sort_keys=(to_micros(record.commit_timestamp), record.server_transaction_id,
-                   record.record_sequence, mod_index),
-        source_metadata=metadata,
-        payload=dict(row),
-        column_types=record.column_types,
-    )
+    """The event of one mod of a record (see `event_of_change`)."""
+    change = Change.of_record(record, mod_index, partition_token)
+    return event_of_change(stream_name, database, change, row, read_timestamp)
+
+
+def change_of_row(row: dict[str, Any]) -> Change:
+    """The change of one row of the "cdcflow" source (a dict of its columns)."""
+    stamp = row["commit_timestamp"]
+    commit = stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+    source_stamp = row["source_timestamp"]
+    source_stamp = source_stamp if source_stamp.tzinfo is not None else source_stamp.replace(
+        tzinfo=UTC)
+    position = json.loads(row["source_metadata"])
+    tx_id = str(position.pop("tx_id", row["server_transaction_id"]))
+    source = SourceMetadata(row["read_method"], source_stamp, tx_id, position)
+    return Change(row["table_name"], row["mod_type"],
+                  tuple(ColumnTypeInfo.from_dict(c) for c in json.loads(row["column_types"])),
+                  to_micros(commit), row["server_transaction_id"], row["record_sequence"],
+                  int(row["mod_index"]), row["partition_token"], source, position)
 
 
 def backfill_event(
@@ -141,23 +199,27 @@ def backfill_event(
     row: dict[str, Any],
     snapshot: datetime,
     read_timestamp: datetime,
+    kind: SourceKind = EMBEDDED,
 ) -> Event:
     """A backfill event: the row as of the snapshot; no order among backfill events (EV-6)."""
     keys = [c.name for c in column_types if c.is_primary_key]
     key_text = json.dumps([encode_value(row[c.name], c.type) for c in column_types
                            if c.is_primary_key])
+    metadata: dict[str, Any] = {name: "" if name != "log_position" else 0
+                                for name in kind.fields}
+    metadata |= {"database": database} if "database" in kind.fields else {}
+    metadata |= object_parts(kind, table) | {
+        "change_type": "INSERT", "is_deleted": False, "primary_keys": keys}
     return Event(
         stream_name=stream_name,
-        read_method=EMBEDDED_BACKFILL,
+        read_method=kind.backfill_method,
         object=table,
         schema_key=schema_key(table, column_types),
         uuid=change_uuid(stream_name, table, "backfill", to_micros(snapshot), key_text),
         read_timestamp=read_timestamp,
         source_timestamp=snapshot,
         sort_keys=(),
-        source_metadata={"database": database, "table": table, "change_type": "INSERT",
-                         "is_deleted": False, "tx_id": "", "record_sequence": "",
-                         "partition_token": "", "primary_keys": keys},
+        source_metadata=metadata,
         payload=dict(row),
         column_types=column_types,
     )

@@ -19,6 +19,7 @@ KNOWN = {
     "maxrecordspertrigger": "admission control: about this many rows per micro-batch",
     "rawrecords": "true: one row per raw record, heartbeats and child partitions too",
     "numpartitions": "key-hash ranges of a table snapshot",
+    "controlpath": "a control file holding the query (see cdcflow.spark.queries)",
 }
 
 
@@ -34,6 +35,7 @@ class SourceOptions:
     max_records: int | None
     raw: bool
     num_partitions: int
+    control_path: str | None = None
 
 
 def _int(options: Mapping[str, str], name: str, default: int | None, low: int,
@@ -80,4 +82,5 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         max_records=_int(options, "maxrecordspertrigger", None, 1, 1 << 40),
         raw=raw_flag == "true",
         num_partitions=partitions,
+        control_path=options.get("controlpath"),
     )

@@ -1,44 +1,168 @@
-"""Change streams into CDC tables: `apply_change_stream` runs the "cdcflow" streaming source
-into one CdcTable per watched table.
+"""The batch pipeline: change-log micro-batches into CDC tables and event files, exactly once.
 
-Each mod becomes an UPSERT of the whole new row, or a DELETE, with the sequence number
-(commit micros / record_sequence / mod_index), which orders every mod of a key. Change
-records may carry partial new values (OLD_AND_NEW_VALUES and NEW_VALUES hold only the
-written columns), so executors fold each key's mods in commit order onto the key's current
-row, which they look up in the CDC table (the ranges holding those keys plus pending changes).
-Batches are processed in order, so that row reflects every earlier batch.
+One pipeline serves the runner's streams and `apply_change_stream`. A micro-batch of the
+"cdcflow" source is repartitioned by (table, keys); executors fold each key's mods onto the
+key's row (`cdcflow.table.fold`), write CDC-table pending files and event files, and describe
+what they wrote; the driver then commits each CDC table with the (app id, batch id) app
+transaction and writes the event batch manifest last. A replayed batch id changes nothing.
+
+This module imports no pyspark at import time (the runner imports it); Spark objects arrive
+as arguments.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from cdcflow.model.records import ColumnTypeInfo
-from cdcflow.model.sequence import ChangeSequenceNumber
-from cdcflow.model.timestamps import to_micros
-from cdcflow.model.types import decode_value
-from cdcflow.spark.sink import FILES_SCHEMA, commit_pending_files, write_pending_file
+from cdcflow.clock import SYSTEM_CLOCK
+from cdcflow.events.files import EventFileWriter, Rotation
+from cdcflow.model.events import change_of_row, event_of_change
 from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
-from cdcflow.table.arrow_types import arrow_type
-from cdcflow.table.pending import applied_version, prepare
+from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
+from cdcflow.table.fold import LOG_ORDER, added_fields, fold_mods, pending_rows
+from cdcflow.table.pending import (
+    applied_version,
+    commit_pending_files,
+    ingest_stamp,
+    write_pending_file,
+)
 
-_FULL_ROW = ("NEW_ROW", "NEW_ROW_AND_OLD_VALUES")
+OUT_SCHEMA = ("kind STRING, table_root STRING, path STRING, size BIGINT, rows BIGINT, "
+              "files STRING, events BIGINT, last_micros BIGINT, added STRING")
 
 
-def table_root(warehouse: str | Path, table: str) -> Path:
-    return Path(warehouse) / table
+@dataclass(frozen=True, slots=True)
+class EventsPlan:
+    root: str
+    format: str
+    rotation: Rotation
 
 
-def ensure_tables(database: Database, stream: str, warehouse: str | Path,
-                  max_staleness: timedelta | None) -> dict[str, Path]:
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """Everything executors need, picklable. `tables` maps each object to the CDC table that
+    holds its rows: a destination, or the stream's own row state when the stream has no
+    CDC-table destination (events need the whole row either way, EV-5)."""
+
+    stream: str
+    source_label: str
+    objects: tuple[str, ...]
+    tables: dict[str, str]
+    app_id: str
+    events: EventsPlan | None = None
+
+    def writer(self) -> EventFileWriter | None:
+        if self.events is None:
+            return None
+        return EventFileWriter(self.events.root, self.stream, self.events.format,
+                               self.events.rotation)
+
+
+def _out(kind: str, **values: Any) -> dict[str, Any]:
+    return {"kind": kind, "table_root": "", "path": "", "size": 0, "rows": 0, "files": "",
+            "events": 0, "last_micros": 0, "added": fields_to_json([])} | values
+
+
+def process_partition(plan: BatchPlan, batch_id: int,
+                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Executor side: fold, write pending files and event files, describe what was written."""
+    from pyspark import TaskContext
+
+    mods = [m for b in batches for m in b.to_pylist() if m["table_name"] in plan.objects]
+    if not mods:
+        return
+    context = TaskContext.get()
+    part = context.partitionId() if context is not None else 0
+    tables: dict[str, CdcTable | None] = {
+        name: CdcTable.open(plan.tables[name]) if name in plan.tables else None
+        for name in plan.objects}
+    folded = fold_mods(tables, mods)
+    last = max(change_of_row(m).commit_micros for m in mods)
+    out: list[dict[str, Any]] = []
+    stamp = ingest_stamp(SYSTEM_CLOCK)
+    for name, table in tables.items():
+        mine = [f for f in folded if f.table == name]
+        if table is not None and mine and table.primary_key:
+            added = added_fields(table, mine)
+            described = write_pending_file(plan.tables[name],
+                                           pending_rows(table, mine, stamp, added))
+            out.append(_out("cdc", **described, last_micros=last,
+                            added=fields_to_json(added)))
+    writer = plan.writer()
+    if writer is not None:
+        now = SYSTEM_CLOCK.now()
+        events = [event_of_change(plan.stream, plan.source_label, change_of_row(mod), row, now)
+                  for item in folded for mod, row in zip(item.mods, item.rows, strict=True)]
+        files = writer.write_part(batch_id, part, events)
+        out.append(_out("events", files=json.dumps(files), events=len(events),
+                        last_micros=last))
+    out.append(_out("count", rows=len(mods), last_micros=last))
+    yield pa.RecordBatch.from_pylist(out)
+
+
+def run_batch(plan: BatchPlan, frame: Any, batch_id: int) -> dict[str, Any]:
+    """Driver side of one batch; returns counters: rows, seconds, last commit micros."""
+    began = time.monotonic()
+    writer = plan.writer()
+    cdc_done = all((applied_version(root, plan.app_id) or -1) >= batch_id
+                   for root in plan.tables.values())
+    events_done = writer is None or writer.is_committed(batch_id)
+    if cdc_done and events_done:
+        return {"rows": 0, "seconds": 0.0, "last_micros": None}
+    arranged = frame.repartition("table_name", "keys").sortWithinPartitions(*LOG_ORDER)
+    written = [r.asDict() for r in arranged.mapInArrow(
+        lambda it: process_partition(plan, batch_id, it), OUT_SCHEMA).collect()]
+    for root in plan.tables.values():
+        mine = [w for w in written if w["kind"] == "cdc" and w["table_root"] == root]
+        added = [f for w in mine for f in fields_from_json(w["added"])]
+        if added:
+            CdcTable.open(root).add_columns(added)  # before the files that hold them commit
+        commit_pending_files(root, mine, plan.app_id, batch_id, SYSTEM_CLOCK)
+    if writer is not None and not events_done:
+        files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
+        writer.commit_batch(batch_id, files)
+    lasts = [w["last_micros"] for w in written if w["last_micros"]]
+    return {"rows": sum(w["rows"] for w in written if w["kind"] == "count"),
+            "seconds": time.monotonic() - began, "last_micros": max(lasts) if lasts else None}
+
+
+def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,
+                starting: str, checkpoint: str | Path, trigger: dict[str, Any],
+                max_records: int | None = None,
+                on_batch: Callable[[dict[str, Any]], None] | None = None,
+                control: str | None = None) -> Any:
+    """Start the streaming query of a plan over a change log; returns the StreamingQuery.
+    `trigger` is a writeStream trigger (e.g. {"processingTime": "1 second"},
+    {"availableNow": True}); `on_batch` sees each batch's counters; `control` is the path of
+    the query's control file, to stop it between batches (`cdcflow.spark.queries`)."""
+    reader = (spark.readStream.format("cdcflow").option("database", log_path)
+              .option("stream", change_stream).option("startingTimestamp", starting))
+    if max_records:
+        reader = reader.option("maxRecordsPerTrigger", max_records)
+    if control:
+        reader = reader.option("controlPath", control)
+
+    def batch(frame: Any, batch_id: int) -> None:
+        result = run_batch(plan, frame, batch_id)
+        if on_batch is not None:
+            on_batch(result)
+
+    writer = (reader.load().writeStream.foreachBatch(batch)
+              .option("checkpointLocation", str(checkpoint)))
+    return writer.trigger(**trigger).start()
+
+
+def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
+                     max_staleness: timedelta | None) -> dict[str, str]:
     """A CdcTable per table the stream watches (keys + watched columns), created if missing."""
     definition = database.change_stream(stream)
     roots = {}
@@ -49,138 +173,10 @@ def ensure_tables(database: Database, stream: str, warehouse: str | Path,
         watched = set(definition.watched_columns(schema)) | set(schema.primary_key)
         fields = [pa.field(c.name, arrow_type(c.type), not c.not_null)
                   for c in schema.columns if c.name in watched]
-        root = table_root(warehouse, name)
-        if not (root / "_cdcflow" / "table.json").exists():
-            CdcTable.create(root, pa.schema(fields), list(schema.primary_key),
-                            max_staleness=max_staleness)
-        roots[name] = root
+        table = CdcTable.ensure(Path(warehouse) / name, pa.schema(fields),
+                                list(schema.primary_key), max_staleness=max_staleness)
+        roots[name] = str(table.root.resolve())
     return roots
-
-
-def _python_row(types: dict[str, ColumnTypeInfo], values: dict[str, Any]) -> dict[str, Any]:
-    row = {}
-    for name, encoded in values.items():
-        value = decode_value(encoded, types[name].type)
-        if types[name].type.code == "JSON" and value is not None:
-            value = json.dumps(value, sort_keys=True)
-        row[name] = value
-    return row
-
-
-@dataclass(slots=True)
-class FoldedKey:
-    """One key's mods in a batch, in commit order, with the whole row after each mod (the
-    deleted row for a DELETE) and the key's final row (None when deleted)."""
-
-    table: str
-    keys: dict[str, Any]
-    mods: list[dict[str, Any]]
-    rows: list[dict[str, Any]]
-    final: dict[str, Any] | None
-
-
-def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]]
-              ) -> list[FoldedKey]:
-    """Fold mods (rows of the "cdcflow" source) per key in commit order onto the key's row
-    before the batch, looked up in its CDC table when there is one."""
-    mods = sorted(mods, key=lambda m: (m["commit_timestamp"], m["record_sequence"],
-                                       m["mod_index"]))
-    by_table: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for mod in mods:
-        by_table.setdefault(mod["table_name"], {}).setdefault(mod["keys"], []).append(mod)
-    folded = []
-    for table_name, keyed in by_table.items():
-        table = tables.get(table_name)
-        first_types = {c["name"]: ColumnTypeInfo.from_dict(c)
-                       for c in json.loads(next(iter(keyed.values()))[0]["column_types"])}
-        key_names = [n for n, info in first_types.items() if info.is_primary_key]
-        needs_base = [
-            tuple(_python_row(first_types, json.loads(k))[n] for n in key_names)
-            for k, group in keyed.items()
-            if group[0]["mod_type"] != "INSERT" and group[0]["value_capture_type"] not in _FULL_ROW
-        ]
-        base = table.lookup(needs_base) if table is not None else {}
-        for group in keyed.values():
-            types = {c["name"]: ColumnTypeInfo.from_dict(c)
-                     for c in json.loads(group[-1]["column_types"])}
-            columns = table.schema.names if table is not None else list(types)
-            keys = _python_row(types, json.loads(group[0]["keys"]))
-            state: dict[str, Any] | None = base.get(tuple(keys[n] for n in key_names))
-            rows = []
-            for mod in group:
-                new = _python_row(types, json.loads(mod["new_values"]))
-                empty = {c: None for c in columns}
-                if mod["mod_type"] == "DELETE":
-                    old = _python_row(types, json.loads(mod["old_values"]))
-                    rows.append(empty | (state or {}) | old | keys)
-                    state = None
-                elif mod["mod_type"] == "INSERT" or mod["value_capture_type"] in _FULL_ROW:
-                    state = empty | keys | new
-                    rows.append(state)
-                else:
-                    state = empty | (state or {}) | keys | new
-                    rows.append(state)
-            folded.append(FoldedKey(table_name, keys, group, rows, state))
-    return folded
-
-
-def sequence_of(mod: dict[str, Any]) -> str:
-    """The mod's _CHANGE_SEQUENCE_NUMBER: commit micros / record_sequence / mod_index."""
-    stamp = mod["commit_timestamp"]
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=UTC)
-    return str(ChangeSequenceNumber.from_ints(
-        to_micros(stamp), int(mod["record_sequence"]), int(mod["mod_index"])))
-
-
-def pending_rows(table: CdcTable, folded: list[FoldedKey]) -> pa.Table:
-    """UPSERT/DELETE rows of the final state of each folded key of one table."""
-    columns = table.schema.names
-    out = []
-    for item in folded:
-        sequence = sequence_of(item.mods[-1])
-        if item.final is None:
-            out.append(item.keys | {"_CHANGE_TYPE": "DELETE", "_CHANGE_SEQUENCE_NUMBER": sequence})
-        else:
-            out.append({c: item.final.get(c) for c in columns} | {
-                "_CHANGE_TYPE": "UPSERT", "_CHANGE_SEQUENCE_NUMBER": sequence})
-    names = list(dict.fromkeys(n for row in out for n in row))
-    data = pa.Table.from_pydict({n: [r.get(n) for r in out] for n in names})
-    return prepare(data, table.schema, table.primary_key)
-
-
-def fold_partition(roots: dict[str, str], batches: Iterator[pa.RecordBatch],
-                   batch_id: int) -> Iterator[pa.RecordBatch]:
-    """Fold mods per key in commit order onto current rows; write pending files per table."""
-    mods = [m for b in batches for m in b.to_pylist()]
-    if not mods:
-        return
-    tables: dict[str, CdcTable | None] = {
-        name: CdcTable.open(root) for name, root in roots.items()}
-    folded = fold_mods(tables, [m for m in mods if m["table_name"] in roots])
-    for name, table in tables.items():
-        mine = [f for f in folded if f.table == name]
-        if mine and table is not None:
-            described = write_pending_file(roots[name], pending_rows(table, mine))
-            yield pa.RecordBatch.from_pylist([described | {"mode": "cdc"}])
-
-
-def change_stream_batch_writer(roots: dict[str, Path], app_id: str) -> Any:
-    """The foreachBatch function of `apply_change_stream`."""
-    resolved = {name: str(root.resolve()) for name, root in roots.items()}
-
-    def write(frame: Any, batch_id: int) -> None:
-        if all((applied_version(r, app_id) or -1) >= batch_id for r in resolved.values()):
-            return
-        arranged = frame.repartition("table_name", "keys").sortWithinPartitions(
-            "commit_timestamp", "record_sequence", "mod_index")
-        files = [r.asDict() for r in arranged.mapInArrow(
-            lambda it: fold_partition(resolved, it, batch_id), FILES_SCHEMA).collect()]
-        for root in resolved.values():
-            mine = [f for f in files if f["table_root"] == root]
-            commit_pending_files(root, mine, app_id, batch_id)
-
-    return write
 
 
 def apply_change_stream(
@@ -200,13 +196,8 @@ def apply_change_stream(
     `CdcTable.apply()` or `start_background_apply()`; reads merge pending changes anyway.
     """
     db = Database.open(database, create=False)
-    roots = ensure_tables(db, stream, warehouse, max_staleness)
-    reader = (spark.readStream.format("cdcflow").option("database", database)
-              .option("stream", stream).option("startingTimestamp", starting_timestamp))
-    if max_records_per_trigger is not None:
-        reader = reader.option("maxRecordsPerTrigger", max_records_per_trigger)
-    app_id = f"change-stream:{Path(database).resolve()}:{stream}"
-    writer = (reader.load().writeStream
-              .foreachBatch(change_stream_batch_writer(roots, app_id))
-              .option("checkpointLocation", str(checkpoint)))
-    return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()
+    roots = _embedded_tables(db, stream, warehouse, max_staleness)
+    plan = BatchPlan(stream, database, tuple(roots), roots,
+                     f"change-stream:{Path(database).resolve()}:{stream}")
+    return start_query(spark, plan, database, stream, starting_timestamp, checkpoint,
+                       trigger or {"processingTime": "1 second"}, max_records_per_trigger)

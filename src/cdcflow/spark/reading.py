@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
+from cdcflow.model.source import EMBEDDED
 from cdcflow.model.timestamps import format_rfc3339, from_micros, parse_timestamp
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, arrow_of, table_columns
+from cdcflow.store.changelog import open_log
 from cdcflow.store.database import Database
 
 _BATCH_ROWS = 8_192
@@ -46,7 +49,7 @@ class SnapshotSlice:
 
 
 def _bodies(piece: ChangeSlice) -> Iterator[tuple[str, dict[str, Any]]]:
-    database = Database.open(piece.database, create=False)
+    database = open_log(piece.database)
     until = piece.until
     if piece.raw and piece.partition_end is not None and piece.partition_end == until + 1:
         until = piece.partition_end
@@ -61,12 +64,24 @@ def _batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
     )
 
 
+def _source_columns(record: dict[str, Any], stamp: datetime
+                    ) -> tuple[str, datetime, dict[str, Any]]:
+    """read_method, source_timestamp and the transaction's source fields of a log body; a
+    native commit's block is derived from the record."""
+    source = record.get("source")
+    if source is None:
+        return EMBEDDED.cdc_method, stamp, {"tx_id": record["server_transaction_id"]}
+    return (source["read_method"], parse_timestamp(source["source_timestamp"]),
+            {"tx_id": source["tx_id"], **source["position"]})
+
+
 def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     """One row per mod (or per raw record), as Arrow record batches."""
     if piece.raw:
         yield from _read_raw(piece)
         return
     schema = arrow_of(CHANGE_COLUMNS)
+
     def encode(value: Any) -> str:
         return orjson.dumps(value).decode()
 
@@ -76,7 +91,9 @@ def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
             continue
         column_types = encode(record["column_types"])
         stamp = parse_timestamp(record["commit_timestamp"])
+        read_method, source_stamp, source_fields = _source_columns(record, stamp)
         for index, mod in enumerate(record["mods"]):
+            position = mod.get("position")
             values = (
                 stamp, record["server_transaction_id"], record["record_sequence"], index,
                 record["table_name"], record["mod_type"], record["value_capture_type"],
@@ -84,7 +101,8 @@ def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
                 record["number_of_partitions_in_transaction"],
                 record["is_last_record_in_transaction_in_partition"], piece.token,
                 encode(mod["keys"]), encode(mod["new_values"]), encode(mod["old_values"]),
-                column_types,
+                column_types, read_method, source_stamp,
+                encode(source_fields | position if position else source_fields),
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)

@@ -3,8 +3,9 @@
 Change rows carry one mod each. Their key and values are JSON strings (the record's Spanner
 JSON encoding) with `column_types` beside them, because one stream spans tables of different
 schemas (FOR ALL) and schemas evolve (ADD COLUMN): no fixed typed schema can hold them all.
-`cdcflow.spark.typed_values` turns them into typed columns for one table. Table snapshots, which
-read one table, keep their column types.
+Then comes the change's source block: `read_method`, `source_timestamp`, and `source_metadata`
+(JSON of `tx_id` and the source's position fields, e.g. an LSN). Table snapshots, which read
+one table, keep their column types.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ CHANGE_COLUMNS: list[tuple[str, str, Any]] = [
     ("new_values", "STRING", pa.string()),
     ("old_values", "STRING", pa.string()),
     ("column_types", "STRING", pa.string()),
+    ("read_method", "STRING", pa.string()),
+    ("source_timestamp", "TIMESTAMP", pa.timestamp("us", tz="UTC")),
+    ("source_metadata", "STRING", pa.string()),
 ]
 RAW_COLUMNS: list[tuple[str, str, Any]] = [
     ("partition_token", "STRING", pa.string()),

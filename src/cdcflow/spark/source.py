@@ -31,8 +31,10 @@ from cdcflow.model.schema import KEY_HASH_SPACE
 from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, to_micros
 from cdcflow.spark.offsets import StreamOffset, admit, batch_end, frontier_at
 from cdcflow.spark.options import SourceOptions, parse_options
+from cdcflow.spark.queries import acknowledge, read_control
 from cdcflow.spark.reading import ChangeSlice, SnapshotSlice, read_changes, read_snapshot
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, ddl_of, table_columns
+from cdcflow.store.changelog import LogReader, open_log
 from cdcflow.store.database import Database
 
 _IDLE_SLEEP_MAX = 0.5
@@ -52,11 +54,12 @@ class ChangeStreamSource(DataSource):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.parsed = parse_options(options)
-        self.database = Database.open(self.parsed.database, create=False)
         if self.parsed.stream is not None:
-            self.database.change_stream(self.parsed.stream)
+            self.log: LogReader = open_log(self.parsed.database)
+            self.log.change_stream(self.parsed.stream)
         else:
             assert self.parsed.table is not None
+            self.database = Database.open(self.parsed.database, create=False)
             self.database.table_schema(self.parsed.table)
 
     @classmethod
@@ -71,12 +74,12 @@ class ChangeStreamSource(DataSource):  # type: ignore[misc]
     def reader(self, schema: Any) -> DataSourceReader:
         if self.parsed.table is not None:
             return SnapshotReader(self.parsed, self.database)
-        return ChangeRangeReader(self.parsed, self.database)
+        return ChangeRangeReader(self.parsed, self.log)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         if self.parsed.stream is None:
             raise InvalidArgument("streaming reads need the option 'stream', not 'table'")
-        return ChangeStreamReader(self.parsed, self.database)
+        return ChangeStreamReader(self.parsed, self.log)
 
 
 def _slices(
@@ -96,7 +99,7 @@ def _slices(
     return out
 
 
-def _starting_micros(options: SourceOptions, database: Database) -> int:
+def _starting_micros(options: SourceOptions, database: LogReader) -> int:
     """Micros of the last consumed instant before the first record to read."""
     assert options.stream is not None
     earliest = to_micros(database.earliest_readable(options.stream))
@@ -120,7 +123,7 @@ def _starting_micros(options: SourceOptions, database: Database) -> int:
 class ChangeRangeReader(DataSourceReader):  # type: ignore[misc]
     """Batch read of the changes with starting <= commit_timestamp <= ending."""
 
-    def __init__(self, options: SourceOptions, database: Database) -> None:
+    def __init__(self, options: SourceOptions, database: LogReader) -> None:
         if options.ending is None:
             raise InvalidArgument("a batch read of a stream needs option 'endingTimestamp'")
         self.options = options
@@ -176,7 +179,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
     keeps no state that a restart would need. `commit` acknowledges nothing upstream.
     """
 
-    def __init__(self, options: SourceOptions, database: Database) -> None:
+    def __init__(self, options: SourceOptions, database: LogReader) -> None:
         self.options = options
         self.database = database
         self.stream = str(options.stream)
@@ -210,7 +213,13 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         safe = to_micros(self.database.current_timestamp())
         if self.target is not None:
             safe = min(safe, self.target)
+        control = read_control(self.options.control_path)
+        if control is not None:  # held: see cdcflow.spark.queries
+            until = control.get("until")
+            safe = min(safe, begin.timestamp if until is None else int(until))
         if safe <= begin.timestamp:
+            if control is not None and self.options.control_path:
+                acknowledge(self.options.control_path, str(control["token"]))
             self._rest()
             return begin.to_dict()
         self.idle = 0

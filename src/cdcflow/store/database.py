@@ -43,6 +43,7 @@ class Database(ChangeLog, shards.ShardApi):
                     self._now_micros(),
                     self.initial_partition_count,
                 )
+            self._catalog()  # this session's cached schema is now out of date: reload it
 
     def table_schema(self, table: str) -> TableSchema:
         cached = self._session().catalog

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import AlreadyExists, NotFound
+from cdcflow.model.timestamps import to_micros
 from cdcflow.store.sqlite import connect, write_transaction
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.states import StreamState, check_deletable, transition
@@ -37,10 +38,12 @@ class StreamRecord:
 
 
 class Catalog:
-    """Open with `Catalog(path)`; safe for several processes."""
+    """Open with `Catalog(path)`; safe for several processes. Times (state changes, errors)
+    are the clock's, in epoch seconds."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = str(path)
+        self.clock = clock
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         with self._write() as conn:
             for statement in _SCHEMA:
@@ -62,7 +65,7 @@ class Catalog:
                 raise AlreadyExists(f"stream {definition.name!r} exists already")
             conn.execute("INSERT INTO streams(name, definition, state, changed) "
                          "VALUES (?, ?, ?, ?)", (definition.name, definition.model_dump_json(),
-                                                 StreamState.NOT_STARTED.value, time.time()))
+                                                 StreamState.NOT_STARTED.value, self._now()))
 
     def _row(self, conn: sqlite3.Connection, name: str) -> StreamRecord:
         row = conn.execute("SELECT definition, state, changed, retries FROM streams "
@@ -81,16 +84,26 @@ class Catalog:
             names = [n for (n,) in conn.execute("SELECT name FROM streams ORDER BY name")]
             return [self._row(conn, n) for n in names]
 
+    def _now(self) -> float:
+        return to_micros(self.clock.now()) / 1e6
+
     def act(self, name: str, action: str) -> StreamState:
-        """Apply a state action; invalid ones raise naming the current state."""
+        """Apply a state action; invalid ones raise naming the current state. `retries`
+        counts consecutive failures: a retry adds one, a human's reset or resume clears it,
+        and `healthy` clears it once a stream has run well for a while."""
         with self._write() as conn:
             current = self._row(conn, name)
             target = transition(current.state, action)
             retries = current.retries + 1 if action == "retry" else (
-                0 if action in ("started", "reset") else current.retries)
+                0 if action in ("reset", "resume", "start") else current.retries)
             conn.execute("UPDATE streams SET state = ?, changed = ?, retries = ? "
-                         "WHERE name = ?", (target.value, time.time(), retries, name))
+                         "WHERE name = ?", (target.value, self._now(), retries, name))
             return target
+
+    def healthy(self, name: str) -> None:
+        """The stream has run without failing long enough: its failures are forgiven."""
+        with self._write() as conn:
+            conn.execute("UPDATE streams SET retries = 0 WHERE name = ?", (name,))
 
     def delete(self, name: str) -> None:
         with self._write() as conn:
@@ -102,7 +115,7 @@ class Catalog:
     def record_error(self, name: str, object_name: str, message: str) -> None:
         with self._write() as conn:
             conn.execute("INSERT INTO errors(stream, at, object, message) VALUES (?, ?, ?, ?)",
-                         (name, time.time(), object_name, message))
+                         (name, self._now(), object_name, message))
 
     def errors(self, name: str, limit: int = 50) -> list[dict[str, Any]]:
         """Recent errors, newest first: the FetchStreamErrors analogue (EV-9)."""

@@ -7,7 +7,7 @@ import fnmatch
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cdcflow.errors import InvalidArgument
 
@@ -23,6 +23,10 @@ class EmbeddedSource(BaseModel):
     change_stream: str
 
 
+Source = Annotated[EmbeddedSource, Field(discriminator="kind")]
+"""Every kind of source, told apart by `kind` (a definition without one is `embedded`)."""
+
+
 class CdcTableDestination(BaseModel):
     """One CDC table per object under `warehouse`."""
 
@@ -30,6 +34,7 @@ class CdcTableDestination(BaseModel):
     kind: Literal["cdc_table"] = "cdc_table"
     warehouse: str
     max_staleness_seconds: float | None = Field(default=None, gt=0)
+    delete_retention_seconds: float = Field(default=2 * 86_400, ge=0)
 
 
 class EventFilesDestination(BaseModel):
@@ -59,12 +64,20 @@ class StreamDefinition(BaseModel):
 
     model_config = _FROZEN
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
-    source: EmbeddedSource
+    source: Source
     include: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
     backfill: Literal["all", "none"] = "all"
     destinations: tuple[Destination, ...] = Field(min_length=1)
     spark: SparkSettings = SparkSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_source_kind(cls, data: Any) -> Any:
+        source = data.get("source") if isinstance(data, dict) else None
+        if isinstance(source, dict) and "kind" not in source:
+            return data | {"source": source | {"kind": "embedded"}}
+        return data
 
     def selects(self, object_name: str) -> bool:
         included = any(fnmatch.fnmatchcase(object_name, p) for p in self.include)

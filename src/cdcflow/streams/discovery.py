@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from cdcflow.capture.embedded import source_object
 from cdcflow.store.database import Database
+from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.sources import open_source
 
 
 def discover_embedded(database: str) -> list[dict[str, Any]]:
-    """Tables of an embedded database with fields: name, type, key position, nullability."""
+    """Every table of an embedded database with its fields: name, type, key position,
+    nullability, ordinal position."""
     db = Database.open(database, create=False)
-    objects = []
-    for table in db.tables():
-        schema = db.table_schema(table)
-        fields = [{
-            "name": column.name,
-            "type": column.type.ddl(),
-            "primary_key_position": (schema.primary_key.index(column.name) + 1
-                                     if column.name in schema.primary_key else None),
-            "nullable": not column.not_null,
-            "ordinal_position": schema.ordinal(column.name),
-        } for column in schema.columns]
-        objects.append({"object": table, "primary_key": list(schema.primary_key),
-                        "fields": fields})
-    return objects
+    return [source_object(db.table_schema(table)).describe() for table in db.tables()]
+
+
+def discover_definition(definition: StreamDefinition, home: str | Path) -> list[dict[str, Any]]:
+    """The objects a stream definition's source offers (all of them, selected or not)."""
+    source = open_source(definition, home)
+    try:
+        return [item.describe() for item in source.discover()]
+    finally:
+        source.close()

@@ -1,34 +1,56 @@
 """The runner: supervises every stream of a catalog until stopped (EV-9).
 
-STARTING streams are prepared (destinations, then the backfill of each object from one
-consistent snapshot at T) and become RUNNING, whose Spark query reads changes from T on, so
-there is no gap and no duplicate in effect. PAUSED streams stop; DRAINING streams finish what
-is available and become PAUSED; a failed query is recorded as an error, FAILED, and retried with
-exponential backoff until `max_retries`, then FAILED_PERMANENTLY. States live in the catalog,
-so a restarted runner resumes every RUNNING stream from its checkpoint.
+STARTING streams are prepared (source, tables, then the backfill of each object from one
+consistent snapshot) and become RUNNING: a Spark query reads the change log from the
+snapshot's `cdc_start` on, so there is no gap and no duplicate in effect. A stream whose
+source has a capture worker gets one process, restarted with backoff when it dies. Tables
+are applied in the background (AP-5). PAUSED streams stop; DRAINING streams finish what is in
+the log and become PAUSED. A failure is recorded as an error and the stream becomes FAILED,
+then is retried with exponential backoff; `max_retries` consecutive failures, or one that no
+retry can mend (InvalidArgument, FailedPrecondition), make it FAILED_PERMANENTLY. States live
+in the catalog, so a restarted runner resumes every RUNNING stream from its checkpoint.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
-from cdcflow.model.events import backfill_event
-from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.clock import SYSTEM_CLOCK, Clock
+from cdcflow.errors import FailedPrecondition, InvalidArgument
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
-from cdcflow.spark.pipeline import ensure_tables
-from cdcflow.store.database import Database
-from cdcflow.streams.batches import BatchPlan, cdc_destination, run_batch
+from cdcflow.spark.pipeline import start_query
+from cdcflow.spark.queries import QueryControl, stop_between_batches
+from cdcflow.store.changelog import open_log
+from cdcflow.streams.applier import Applier
+from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import Catalog, StreamRecord
+from cdcflow.streams.setup import StreamSetup, prepare_stream
 from cdcflow.streams.states import StreamState
-from cdcflow.table import CdcTable
+from cdcflow.streams.workers import CaptureWorkers, capture_status, run_capture
+
+PERMANENT_ERRORS = (InvalidArgument, FailedPrecondition)
+
+
+def is_permanent(error: BaseException) -> bool:
+    """No retry mends it: a bad definition or argument, or a state that a human must change
+    (also when it comes back from Spark as the text of a Python exception)."""
+    if isinstance(error, PERMANENT_ERRORS):
+        return True
+    text = str(error)
+    names = {cls.__name__ for base in PERMANENT_ERRORS for cls in (base, *_subclasses(base))}
+    return any(f"cdcflow.errors.{name}:" in text for name in names)
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    subclasses: list[type] = cls.__subclasses__()
+    for sub in subclasses:
+        found += [sub, *_subclasses(sub)]
+    return found
 
 
 @dataclass
@@ -36,27 +58,36 @@ class Worker:
     """The live part of one stream in this runner."""
 
     name: str
+    setup: StreamSetup | None = None
     query: Any = None
+    control: QueryControl | None = None
     thread: threading.Thread | None = None
-    failed_at: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
 
 class Runner:
     def __init__(self, catalog: str | Path, spark: Any, poll_seconds: float = 0.5,
-                 max_retries: int = 3, backoff_seconds: float = 1.0) -> None:
-        self.catalog = Catalog(catalog)
+                 max_retries: int = 3, backoff_seconds: float = 1.0,
+                 max_backoff_seconds: float = 300.0, healthy_seconds: float = 60.0,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.catalog = Catalog(catalog, clock)
         self.home = Path(catalog).resolve().parent
         self.spark = spark
         self.poll_seconds = poll_seconds
         self.max_retries = max_retries
         self.backoff_seconds = backoff_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self.healthy_seconds = healthy_seconds
+        self.clock = clock
         self.workers: dict[str, Worker] = {}
+        self.applier = Applier(clock, self._report_tables, self._table_failed)
+        self.capture = CaptureWorkers(clock, self._capture_died)
 
     # ---- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Supervise until `stop` is set; leave states as they are (a restart resumes)."""
+        self.applier.start()
         try:
             while not stop.is_set():
                 self.step()
@@ -72,12 +103,16 @@ class Runner:
                 self._fail(record.definition.name, "*", error)
 
     def shutdown(self) -> None:
+        self.applier.stop()
         for worker in self.workers.values():
-            if worker.query is not None and worker.query.isActive:
-                worker.query.stop()
+            self._stop_query(worker)
             if worker.thread is not None:
                 worker.thread.join(timeout=60)
+        self.capture.stop_all()
         self.workers.clear()
+
+    def _now(self) -> float:
+        return to_micros(self.clock.now()) / 1e6
 
     def _supervise(self, record: StreamRecord) -> None:
         name = record.definition.name
@@ -86,159 +121,187 @@ class Runner:
             return
         match record.state:
             case StreamState.STARTING:
-                worker.thread = threading.Thread(target=self._start, args=(record,), daemon=True)
-                worker.thread.start()
+                self._in_thread(worker, self._start, record)
             case StreamState.RUNNING:
-                if worker.query is None or not worker.query.isActive:
-                    if worker.query is not None and worker.query.exception() is not None:
-                        raise RuntimeError(str(worker.query.exception()))
-                    worker.query = self._query(record, drain=False)
+                self._keep_running(record, worker)
             case StreamState.DRAINING:
-                worker.thread = threading.Thread(target=self._drain, args=(record,), daemon=True)
-                worker.thread.start()
+                self._in_thread(worker, self._drain, record)
             case StreamState.FAILED:
-                self._stop_query(worker)
-                if record.retries >= self.max_retries:
-                    self.catalog.act(name, "give_up")
-                elif time.time() - record.changed >= self.backoff_seconds * 2 ** record.retries:
-                    self.catalog.act(name, "retry")
+                self._halt(worker)
+                self._retry_later(record)
             case _:
-                self._stop_query(worker)
+                self._halt(worker)
 
-    def _stop_query(self, worker: Worker) -> None:
-        if worker.query is not None and worker.query.isActive:
-            worker.query.stop()
-        worker.query = None
+    def _in_thread(self, worker: Worker, target: Any, record: StreamRecord) -> None:
+        worker.thread = threading.Thread(target=target, args=(record,), daemon=True)
+        worker.thread.start()
+
+    def _retry_later(self, record: StreamRecord) -> None:
+        name = record.definition.name
+        if record.retries >= self.max_retries:
+            self.catalog.act(name, "give_up")
+            return
+        delay = min(self.backoff_seconds * 2 ** record.retries, self.max_backoff_seconds)
+        if self._now() - record.changed >= delay:
+            self.catalog.act(name, "retry")
+
+    def _halt(self, worker: Worker) -> None:
+        """Stop whatever runs for a stream that should not run."""
+        self._stop_query(worker)
+        self.applier.forget(worker.name)
+        self.capture.stop(worker.name)
+        worker.setup = None
 
     def _fail(self, name: str, object_name: str, error: BaseException) -> None:
         message = f"{type(error).__name__}: {error}"
         self.catalog.record_error(name, object_name, message[:2000])
         try:
             self.catalog.act(name, "fail")
+            if is_permanent(error):
+                self.catalog.act(name, "give_up")
         except Exception:
             traceback.print_exc()
 
-    # ---- starting and backfill ------------------------------------------------------------
+    # ---- starting, running, draining ------------------------------------------------------
 
-    def _tables(self, record: StreamRecord) -> tuple[Database, list[str], dict[str, Path]]:
-        definition = record.definition
-        db = Database.open(definition.source.database, create=False)
-        stream = db.change_stream(definition.source.change_stream)
-        objects = [t for t in db.tables() if stream.watches(t) and definition.selects(t)]
-        destination = cdc_destination(definition)
-        tables: dict[str, Path] = {}
-        if destination is not None:
-            staleness = destination.max_staleness_seconds
-            created = ensure_tables(db, definition.source.change_stream, destination.warehouse,
-                                    None if staleness is None else timedelta(seconds=staleness))
-            tables = {k: v for k, v in created.items() if k in objects}
-        return db, objects, tables
+    def _setup(self, record: StreamRecord, worker: Worker) -> StreamSetup:
+        if worker.setup is None:
+            worker.setup = prepare_stream(record.definition, self.home)
+        return worker.setup
 
     def _start(self, record: StreamRecord) -> None:
         name = record.definition.name
+        worker = self.workers[name]
         try:
-            db, objects, tables = self._tables(record)
-            status = self.catalog.status(name)
-            if "cdc_start" not in status:
-                snapshot = db.current_timestamp()
-                if record.definition.backfill == "all":
-                    self._backfill(record, db, objects, tables, snapshot)
-                self.catalog.update_status(name, cdc_start=to_micros(snapshot) + 1,
-                                           objects=objects)
+            worker.setup = None
+            setup = self._setup(record, worker)
+            self._ensure_capture(setup)
+            if "cdc_start" not in self.catalog.status(name):
+                run_backfill(setup, self.catalog, self.clock)
             self.catalog.act(name, "started")
         except Exception as error:
             self._fail(name, "*", error)
 
-    def _backfill(self, record: StreamRecord, db: Database, objects: list[str],
-                  tables: dict[str, Path], snapshot: datetime) -> None:
-        """Each object from one consistent snapshot at `snapshot` (EV: backfill + CDC)."""
-        name = record.definition.name
-        progress = {o: {"state": "PENDING", "rows": 0} for o in objects}
-        self.catalog.update_status(name, backfill=progress)
-        plan = BatchPlan.of(record.definition, objects, tables)
-        writer = plan.writer()
-        for table in objects:
-            progress[table] = {"state": "RUNNING", "rows": 0}
-            self.catalog.update_status(name, backfill=progress)
-            rows = db.scan(table, read_timestamp=snapshot)
-            schema = db.table_schema(table)
-            if table in tables:
-                target = CdcTable.open(tables[table])
-                columns = target.schema.names
-                data = pa.Table.from_pylist([{c: r[c] for c in columns} for r in rows],
-                                            schema=target.schema)
-                target.connection().append(data, app_id=f"stream:{name}:backfill", version=0)
-            if writer is not None:
-                types = tuple(ColumnTypeInfo(c.name, c.type, c.name in schema.primary_key,
-                                             schema.ordinal(c.name)) for c in schema.columns)
-                now = datetime.now(UTC)
-                events = [backfill_event(name, plan.database, table, types, r, snapshot, now)
-                          for r in rows]
-                writer.write_batch(f"backfill-{table}-{to_micros(snapshot)}", events)
-            progress[table] = {"state": "COMPLETED", "rows": len(rows)}
-            self.catalog.update_status(name, backfill=progress)
+    def _ensure_capture(self, setup: StreamSetup) -> None:
+        if setup.source.has_worker:
+            definition = setup.definition
+            self.capture.ensure(definition.name, run_capture,
+                                (definition.model_dump_json(), str(self.home)))
 
-    # ---- the streaming query --------------------------------------------------------------
+    def _keep_running(self, record: StreamRecord, worker: Worker) -> None:
+        setup = self._setup(record, worker)
+        self._ensure_capture(setup)
+        self.applier.watch(worker.name, setup.tables, setup.apply_seconds)
+        if worker.query is None or not worker.query.isActive:
+            if worker.query is not None:
+                failure = worker.query.exception()
+                worker.query = None
+                raise RuntimeError(f"the stream's Spark query stopped: {failure}"
+                                   if failure is not None else
+                                   "the stream's Spark query stopped without an error")
+            worker.query = self._query(record, worker)
+        if record.retries and self._now() - record.changed >= self.healthy_seconds:
+            self.catalog.healthy(worker.name)
+        if setup.source.has_worker and self._now() - worker.stats.get("capture_at", 0) >= 2:
+            worker.stats["capture_at"] = self._now()
+            self.catalog.update_status(worker.name, capture=self._capture_status(setup))
 
-    def _query(self, record: StreamRecord, drain: bool) -> Any:
+    def _capture_status(self, setup: StreamSetup) -> dict[str, Any]:
+        """The capture worker's position and lag in the log, and its process."""
+        log_path, _ = setup.source.log_location()
+        found = capture_status(log_path, setup.source.source_id, self.clock)
+        return found | (self.capture.info(setup.definition.name) or {})
+
+    def _query(self, record: StreamRecord, worker: Worker) -> Any:
         definition = record.definition
-        name = definition.name
-        db, objects, tables = self._tables(record)
-        status = self.catalog.status(name)
-        plan = BatchPlan.of(definition, objects, tables)
-        start = format_rfc3339(from_micros(int(status["cdc_start"])))
-        reader = (self.spark.readStream.format("cdcflow")
-                  .option("database", definition.source.database)
-                  .option("stream", definition.source.change_stream)
-                  .option("startingTimestamp", start))
-        if definition.spark.max_records_per_trigger:
-            reader = reader.option("maxRecordsPerTrigger", definition.spark.max_records_per_trigger)
-        worker = self.workers[name]
+        setup = self._setup(record, worker)
+        status = self.catalog.status(definition.name)
+        log_path, change_stream = setup.source.log_location()
         for key in ("rows_processed", "batches", "last_applied_commit"):
             if status.get(key) is not None and key not in worker.stats:
                 worker.stats[key] = status[key]  # counters go on across runner restarts
+        checkpoints = self.home / "checkpoints"
+        worker.control = QueryControl(checkpoints / f"{definition.name}.control")
+        worker.control.release()
+        trigger = {"processingTime": f"{definition.spark.trigger_seconds} seconds"}
+        return start_query(
+            self.spark, setup.plan, log_path, change_stream,
+            format_rfc3339(from_micros(int(status["cdc_start"]))),
+            checkpoints / definition.name, trigger, definition.spark.max_records_per_trigger,
+            lambda result: self._record_progress(definition.name, log_path, change_stream,
+                                                 result, worker),
+            control=worker.control.path)
 
-        def batch(frame: Any, batch_id: int) -> None:
-            result = run_batch(plan, frame, batch_id)
-            self._record_progress(name, db, definition.source.change_stream, result, worker)
-
-        writer = (reader.load().writeStream.foreachBatch(batch)
-                  .option("checkpointLocation", str(self.home / "checkpoints" / name)))
-        if drain:
-            return writer.trigger(availableNow=True).start()
-        return writer.trigger(processingTime=f"{definition.spark.trigger_seconds} seconds").start()
-
-    def _record_progress(self, name: str, db: Database, change_stream: str,
+    def _record_progress(self, name: str, log_path: str, change_stream: str,
                          result: dict[str, Any], worker: Worker) -> None:
         stats = worker.stats
         stats["rows_processed"] = stats.get("rows_processed", 0) + result["rows"]
         stats["batches"] = stats.get("batches", 0) + 1
         if result["last_micros"] is not None:
             stats["last_applied_commit"] = result["last_micros"]
-        now = to_micros(datetime.now(UTC))
+        now = to_micros(self.clock.now())
         lag = (now - stats["last_applied_commit"]) / 1e6 if "last_applied_commit" in stats else None
         rate = result["rows"] / result["seconds"] if result["seconds"] else 0.0
         lags = stats.setdefault("lags", [])
         if lag is not None and result["rows"]:
             lags.append(lag)
             del lags[:-1000]
-        active = sum(p.state == "ACTIVE" for p in db.partitions(change_stream))
+        active = sum(p.state == "ACTIVE" for p in open_log(log_path).partitions(change_stream))
+        extra = {}
+        setup = worker.setup
+        if setup is not None and setup.source.has_worker:
+            extra["capture"] = self._capture_status(setup)
         self.catalog.update_status(
             name, rows_processed=stats["rows_processed"], batches=stats["batches"],
             lag_seconds=lag, throughput_rows_per_second=rate, partitions=active,
-            last_applied_commit=stats.get("last_applied_commit"), lag_samples=lags[-200:])
+            last_applied_commit=stats.get("last_applied_commit"), lag_samples=lags[-200:],
+            **extra)
+
+    def _stop_query(self, worker: Worker) -> None:
+        """Stop the stream's query between batches, never inside one (see
+        `cdcflow.spark.queries`); one that will not come to rest is stopped anyway."""
+        query, worker.query = worker.query, None
+        if query is None or not query.isActive:
+            return
+        try:
+            stop_between_batches(query, worker.control, timeout=120)
+        except Exception:
+            traceback.print_exc()
+            if query.isActive:
+                query.stop()
 
     def _drain(self, record: StreamRecord) -> None:
+        """Finish what is in the log now, then stop between batches: PAUSED."""
         name = record.definition.name
         worker = self.workers[name]
         try:
-            self._stop_query(worker)
-            query = self._query(record, drain=True)
-            worker.query = query
-            query.awaitTermination()
-            if query.exception() is not None:
-                raise RuntimeError(str(query.exception()))
-            worker.query = None
+            setup = self._setup(record, worker)
+            self.capture.stop(name)  # the log holds all the worker captured
+            log_path, _ = setup.source.log_location()
+            target = to_micros(open_log(log_path).current_timestamp())
+            if worker.query is not None and worker.query.exception() is not None:
+                raise RuntimeError(f"the stream's Spark query failed: "
+                                   f"{worker.query.exception()}")
+            if worker.query is None or not worker.query.isActive:
+                worker.query = self._query(record, worker)
+            query, worker.query = worker.query, None
+            stop_between_batches(query, worker.control, until=target, timeout=None)
+            self.applier.watch(name, setup.tables, setup.apply_seconds)
+            self.applier.apply_due(name, force=True)
+            self.applier.forget(name)
             self.catalog.act(name, "drained")
         except Exception as error:
             self._fail(name, "*", error)
+
+    # ---- reports from the applier and the capture workers ---------------------------------
+
+    def _report_tables(self, stream: str, status: dict[str, Any]) -> None:
+        self.catalog.update_status(stream, **status)
+
+    def _table_failed(self, stream: str, table: str, error: BaseException) -> None:
+        self.catalog.record_error(stream, table, f"apply failed: {type(error).__name__}: "
+                                                 f"{error}"[:2000])
+
+    def _capture_died(self, stream: str, message: str) -> None:
+        self.catalog.record_error(stream, "*", message)
+

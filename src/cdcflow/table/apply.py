@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,7 +24,17 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
-from cdcflow.table.layout import MANIFEST, FileEntry, Manifest, read_file, read_manifest, write_file
+from cdcflow.clock import Clock
+from cdcflow.model.timestamps import to_micros
+from cdcflow.table.layout import (
+    MANIFEST,
+    FileEntry,
+    Manifest,
+    conform,
+    read_file,
+    read_manifest,
+    write_file,
+)
 from cdcflow.table.merge import (
     assign_slices,
     key_array,
@@ -38,6 +47,10 @@ from cdcflow.table.merge import (
 from cdcflow.table.pending import pending_path, pending_schema
 
 JOB = "cdcflow.job"
+
+
+def epoch_seconds(clock: Clock) -> float:
+    return to_micros(clock.now()) / 1e6
 
 
 @dataclass(slots=True)
@@ -59,7 +72,7 @@ def _pending_files(root: Path) -> list[tuple[str, int]]:
 def load_changes(root: Path, files: list[str], schema: pa.Schema) -> pa.Table:
     """The pending rows of `files` as one table in the pending schema."""
     target = pending_schema(schema)
-    tables = [pq.read_table(Path(pending_path(root)) / name).cast(target) for name in files]
+    tables = [conform(pq.read_table(Path(pending_path(root)) / name), target) for name in files]
     return pa.concat_tables(tables) if tables else target.empty_table()
 
 
@@ -102,11 +115,11 @@ def apply_lock(root: Path) -> Iterator[None]:
 
 
 def commit_apply(root: Path, plan: ApplyPlan, primary_key: tuple[str, ...], target_rows: int,
-                 watermark: int, started: float) -> dict[str, Any]:
+                 watermark: int, started: float, clock: Clock) -> dict[str, Any]:
     """Write the touched ranges anew and commit them with the manifest in one Delta commit."""
     manifest = plan.manifest
     entries: list[FileEntry] = [f for i, f in enumerate(manifest.files) if i not in plan.touched]
-    now_ms = int(time.time() * 1000)
+    now_ms = to_micros(clock.now()) // 1000
     actions: list[AddAction | RemoveAction] = []
     for index, (data, state) in plan.touched.items():
         if manifest.files:
@@ -115,13 +128,13 @@ def commit_apply(root: Path, plan: ApplyPlan, primary_key: tuple[str, ...], targ
         for piece_data, piece_state in split(data, state, primary_key, target_rows):
             if not piece_state.num_rows:
                 continue
-            entry = write_file(root, piece_data, piece_state, primary_key)
+            entry = write_file(root, piece_data, piece_state, primary_key, clock)
             entries.append(entry)
             actions.append(AddAction(entry.data, entry.size, {}, now_ms, True,
                                      json.dumps({"numRecords": entry.rows})))
     entries.sort(key=lambda e: e.low)
     stats = {
-        "started": started, "ended": time.time(), "changes": plan.changes,
+        "started": started, "ended": epoch_seconds(clock), "changes": plan.changes,
         "applied": plan.applied, "files_rewritten": len(plan.touched),
         "rows": sum(e.rows for e in entries), "watermark": watermark,
     }
@@ -134,15 +147,14 @@ def commit_apply(root: Path, plan: ApplyPlan, primary_key: tuple[str, ...], targ
         commit_properties=CommitProperties(custom_metadata={
             MANIFEST: new_manifest.to_json(), JOB: json.dumps(stats)}),
     )
-    _drop_applied_pending(root, plan.pending_files)
+    _drop_applied_pending(root, plan.pending_files, now_ms)
     return stats
 
 
-def _drop_applied_pending(root: Path, files: list[tuple[str, int]]) -> None:
+def _drop_applied_pending(root: Path, files: list[tuple[str, int]], now_ms: int) -> None:
     if not files:
         return
     pending = DeltaTable(pending_path(root))
-    now_ms = int(time.time() * 1000)
     pending.create_write_transaction(
         [RemoveAction(path, True, now_ms, size, {}) for path, size in files],
         mode="append", schema=pending.schema(),
@@ -150,7 +162,7 @@ def _drop_applied_pending(root: Path, files: list[tuple[str, int]]) -> None:
 
 
 def load_sorted(root: Path, data: pa.Table, primary_key: tuple[str, ...], target_rows: int,
-                watermark: int, started: float) -> dict[str, Any]:
+                watermark: int, started: float, clock: Clock) -> dict[str, Any]:
     """Write `data` as key ranges of `target_rows` with fresh state, in one Delta commit."""
     order = [(k, "ascending") for k in primary_key]
     data = data.sort_by(order)
@@ -163,15 +175,15 @@ def load_sorted(root: Path, data: pa.Table, primary_key: tuple[str, ...], target
     }
     state = pa.Table.from_pydict(state_columns, schema=state_schema(data.schema, primary_key))
     plan = ApplyPlan(read_manifest(DeltaTable(str(root))), [], rows)
-    now_ms = int(time.time() * 1000)
+    now_ms = to_micros(clock.now()) // 1000
     entries, actions = [], []
     for start in range(0, rows, target_rows):
         entry = write_file(root, data.slice(start, target_rows), state.slice(start, target_rows),
-                           primary_key)
+                           primary_key, clock)
         entries.append(entry)
         actions.append(AddAction(entry.data, entry.size, {}, now_ms, True,
                                  json.dumps({"numRecords": entry.rows})))
-    stats = {"started": started, "ended": time.time(), "changes": rows, "applied": rows,
+    stats = {"started": started, "ended": epoch_seconds(clock), "changes": rows, "applied": rows,
              "files_rewritten": 0, "rows": rows, "watermark": watermark, "bulk_load": True}
     stats["duration_seconds"] = stats["ended"] - started
     manifest = Manifest(tuple(entries), plan.manifest.applied_pending, watermark,

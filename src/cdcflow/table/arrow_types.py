@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pyarrow as pa
@@ -79,3 +80,12 @@ def check_schema(schema: pa.Schema, primary_key: list[str]) -> None:
             raise InvalidArgument(f"primary key column {column!r} is not in the schema {names}")
     if len(set(primary_key)) != len(primary_key):
         raise InvalidArgument(f"primary key {primary_key} repeats a column")
+
+
+def fields_to_json(fields: list[pa.Field]) -> str:
+    """Arrow fields as text (the Arrow IPC schema, base64), to send between processes."""
+    return base64.b64encode(pa.schema(fields).serialize().to_pybytes()).decode()
+
+
+def fields_from_json(text: str) -> list[pa.Field]:
+    return list(pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text))))

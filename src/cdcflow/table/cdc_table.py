@@ -8,7 +8,6 @@ import bisect
 import json
 import math
 import threading
-import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from deltalake.schema import Schema as DeltaSchema
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import AlreadyExists, FailedPrecondition, InvalidArgument
@@ -27,11 +27,12 @@ from cdcflow.table.apply import (
     ApplyPlan,
     apply_lock,
     commit_apply,
+    epoch_seconds,
     load_sorted,
     plan_apply,
 )
 from cdcflow.table.arrow_types import check_schema, schema_from_ddl
-from cdcflow.table.layout import read_file, read_manifest
+from cdcflow.table.layout import conform, read_file, read_manifest
 from cdcflow.table.merge import key_array
 from cdcflow.table.metadata import TableOptions, load_options, save_options
 
@@ -69,6 +70,14 @@ class CdcTable:
         return cls(root, options, clock or SYSTEM_CLOCK)
 
     @classmethod
+    def ensure(cls, path: str | Path, schema: pa.Schema, primary_key: list[str],
+               **options: Any) -> CdcTable:
+        """The table at `path`, created with `schema`, key and options if it is not there."""
+        if (Path(path) / "_cdcflow" / "table.json").exists():
+            return cls.open(path, clock=options.get("clock"))
+        return cls.create(path, schema, primary_key, **options)
+
+    @classmethod
     def open(cls, path: str | Path, clock: Clock | None = None) -> CdcTable:
         root = Path(path)
         return cls(root, load_options(root), clock or SYSTEM_CLOCK)
@@ -99,6 +108,19 @@ class CdcTable:
         watermark = read_manifest(DeltaTable(str(self.root))).watermark
         return None if watermark is None else from_micros(watermark)
 
+    def add_columns(self, fields: list[pa.Field]) -> list[str]:
+        """Add nullable columns that the table lacks (a source's ADD COLUMN); rows written
+        before hold NULL in them. Returns the names added."""
+        with apply_lock(self.root):
+            current = set(self.schema.names)
+            new = [f.with_nullable(True) for f in fields if f.name not in current]
+            if new:
+                check_schema(pa.schema([*self.schema, *new]), list(self.primary_key))
+                delta_fields = list(DeltaSchema.from_arrow(pa.schema(new)).fields)
+                for path in (str(self.root), pending.pending_path(self.root)):
+                    DeltaTable(path).alter.add_columns(delta_fields)
+        return [f.name for f in new]
+
     # ---- writes ---------------------------------------------------------------------------
 
     def connection(self) -> Connection:
@@ -107,11 +129,11 @@ class CdcTable:
     def apply(self) -> dict[str, Any]:
         """Run one apply job now; return its stats (duration, changes, files rewritten)."""
         with apply_lock(self.root):
-            started = time.time()
+            started = epoch_seconds(self.clock)
             watermark = to_micros(self.clock.now())
             plan = self._plan(watermark)
             return commit_apply(self.root, plan, self.primary_key,
-                                self._options.target_file_rows, watermark, started)
+                                self._options.target_file_rows, watermark, started, self.clock)
 
     def _retention(self) -> int:
         return int(self._options.delete_retention_seconds * 1_000_000)
@@ -149,6 +171,14 @@ class CdcTable:
         manifest = read_manifest(DeltaTable(str(self.root)))
         return any(p not in manifest.applied_pending for p in _pending_paths(self.root))
 
+    def pending_row_count(self) -> int:
+        """Rows appended and not applied yet."""
+        manifest = read_manifest(DeltaTable(str(self.root)))
+        actions = pa.table(DeltaTable(pending.pending_path(self.root)).get_add_actions(
+            flatten=True)).to_pylist()
+        return sum(int(a.get("num_records") or 0) for a in actions
+                   if a["path"] not in manifest.applied_pending)
+
     def is_within_staleness(self) -> bool:
         staleness = self._options.max_staleness_seconds
         watermark = read_manifest(DeltaTable(str(self.root))).watermark
@@ -171,7 +201,7 @@ class CdcTable:
         parts = [pq.read_table(self.root / f.data) for i, f in enumerate(plan.manifest.files)
                  if i not in plan.touched]
         parts += [data for data, _ in plan.touched.values()]
-        return pa.concat_tables([p.cast(schema) for p in parts])
+        return pa.concat_tables([conform(p, schema) for p in parts])
 
     def bulk_load(self, rows: pa.Table) -> dict[str, Any]:
         """Load an initial snapshot (a backfill) into an empty table in one commit, fast:
@@ -186,9 +216,9 @@ class CdcTable:
             keys = key_array(data, key_columns)
             if pc.count_distinct(keys).as_py() != data.num_rows:
                 raise InvalidArgument("bulk_load rows repeat a primary key; keys must be unique")
-            started = time.time()
+            started = epoch_seconds(self.clock)
             return load_sorted(self.root, data, key_columns, self._options.target_file_rows,
-                               to_micros(self.clock.now()), started)
+                               to_micros(self.clock.now()), started, self.clock)
 
     def lookup(self, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The fresh rows (pending changes merged) of `keys`; absent keys are left out.
@@ -267,43 +297,31 @@ class Connection:
 
     def append(self, rows: Any, app_id: str | None = None,
                version: int | None = None) -> bool:
-        """Append changes (pyarrow Table, list of dicts, pandas or Spark DataFrame). With
+        """Append changes (a pyarrow Table, a list of dicts or a pandas DataFrame). With
         `app_id` and `version`, an append already committed is skipped and False is returned.
-        A Spark DataFrame is written by its executors (never collected to the driver)."""
+        A bad value fails with InvalidArgument naming the row and the column; nothing of the
+        append is kept. Spark DataFrames go through `cdcflow.spark.append_frame`."""
         if hasattr(rows, "mapInArrow"):
-            from cdcflow.spark.sink import append_spark_frame
-
-            mode = append_spark_frame(self.table.root, rows, app_id, version, self.mode)
-            self.mode = mode
-            return True
-        data = _as_arrow(rows)
+            raise InvalidArgument("append a Spark DataFrame with cdcflow.spark.append_frame("
+                                  "connection, frame, ...): its executors write the files")
+        data = pending.as_arrow(rows, self.table.schema)
         types = (data.column(pending.CHANGE_TYPE).to_pylist()
                  if pending.CHANGE_TYPE in data.column_names else [None] * data.num_rows)
         mode = pending.change_mode(types) if types else self.mode
-        if self.mode is not None and mode is not None and mode != self.mode:
-            offender = types[0]
-            raise InvalidArgument(
-                f"{pending.INVALID_CHANGE_TYPE}: {offender!r} on a connection that carries "
-                f"{'UPSERT/DELETE' if self.mode == 'cdc' else 'INSERT or untyped'} rows (AP-3)"
-            )
-        prepared = pending.prepare(data, self.table.schema, self.table.primary_key)
+        self.check_mode(mode, types[0] if types else None)
+        prepared = pending.prepare(data, self.table.schema, self.table.primary_key,
+                                   pending.ingest_stamp(self.table.clock))
         written = pending.append(self.table.root, prepared, app_id, version)
         self.mode = mode
         return written
 
-
-def _as_arrow(rows: Any) -> pa.Table:
-    if isinstance(rows, pa.Table):
-        return rows
-    if isinstance(rows, list):
-        if not all(isinstance(r, dict) for r in rows):
-            raise InvalidArgument("append takes a pyarrow Table, a list of dicts or a DataFrame")
-        names = list(dict.fromkeys(name for row in rows for name in row))
-        return pa.Table.from_pydict({n: [row.get(n) for row in rows] for n in names})
-    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):
-        return pa.Table.from_pandas(rows, preserve_index=False)
-    raise InvalidArgument(f"append cannot take {type(rows).__name__}; pass a pyarrow Table, "
-                          "a list of dicts or a pandas DataFrame")
+    def check_mode(self, mode: str | None, offender: Any) -> None:
+        """AP-3 across the appends of one connection."""
+        if self.mode is not None and mode is not None and mode != self.mode:
+            raise InvalidArgument(
+                f"{pending.INVALID_CHANGE_TYPE}: {offender!r} on a connection that carries "
+                f"{'UPSERT/DELETE' if self.mode == 'cdc' else 'INSERT or untyped'} rows (AP-3)"
+            )
 
 
 def _pending_paths(root: Path) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from cdcflow.clock import Clock
 from cdcflow.model.timestamps import parse_timestamp
 from cdcflow.table.merge import Key, state_schema
 
@@ -93,17 +93,24 @@ def read_manifest(table: DeltaTable) -> Manifest:
     return Manifest((), frozenset(), None, table.version())
 
 
+def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`data` in `schema`: columns added since it was written are NULL (schema evolution)."""
+    columns = [data.column(f.name).cast(f.type) if f.name in data.column_names
+               else pa.nulls(data.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 def read_file(root: Path, entry: FileEntry, schema: pa.Schema,
               primary_key: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
-    data = pq.read_table(root / entry.data).cast(schema)
+    data = conform(pq.read_table(root / entry.data), schema)
     state = pq.read_table(root / entry.state).cast(state_schema(schema, primary_key))
     return data, state
 
 
 def write_file(root: Path, data: pa.Table, state: pa.Table,
-               primary_key: tuple[str, ...]) -> FileEntry:
+               primary_key: tuple[str, ...], clock: Clock) -> FileEntry:
     """Write one range's sorted data and state under fresh names; return its entry."""
-    name = f"{time.strftime('%Y%m%d')}-{uuid.uuid4().hex}.parquet"
+    name = f"{clock.now().strftime('%Y%m%d')}-{uuid.uuid4().hex}.parquet"
     data_path, state_path = f"data/{name}", f"_cdcflow/state/{name}"
     (root / "data").mkdir(exist_ok=True)
     (root / "_cdcflow" / "state").mkdir(parents=True, exist_ok=True)

@@ -7,16 +7,22 @@ sequence number (and its sort key) and their ingestion order (append time, row i
 
 from __future__ import annotations
 
-import time
+import json
+import os
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
-from deltalake.transaction import CommitProperties, Transaction
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
+from cdcflow.clock import Clock
 from cdcflow.errors import InvalidArgument
 from cdcflow.model.sequence import RULE, sort_key_of
+from cdcflow.model.timestamps import to_micros
 
 CHANGE_TYPE = "_CHANGE_TYPE"
 SEQUENCE = "_CHANGE_SEQUENCE_NUMBER"
@@ -58,9 +64,95 @@ def change_mode(types: list[Any]) -> str:
     return "cdc" if found & cdc else "plain"
 
 
-def prepare(data: pa.Table, schema: pa.Schema, primary_key: tuple[str, ...]) -> pa.Table:
-    """Validate an append and shape it as pending rows. Omitted columns become NULL (an
-    UPSERT writes the whole row); INSERT and untyped rows count as UPSERTs."""
+_INGEST_LOCK = threading.Lock()
+_LAST_INGEST = [0]
+
+
+def ingest_stamp(clock: Clock) -> int:
+    """The ingestion time of an append in nanoseconds: the clock's now, strictly increasing
+    within this process, so two appends never tie on it."""
+    now = to_micros(clock.now()) * 1000
+    with _INGEST_LOCK:
+        _LAST_INGEST[0] = max(now, _LAST_INGEST[0] + 1)
+        return _LAST_INGEST[0]
+
+
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                 OverflowError, TypeError, ValueError)
+
+
+def _first_misfit(values: list[Any] | pa.ChunkedArray | pa.Array,
+                  field: pa.Field) -> tuple[int, Any, str]:
+    """The first value that does not convert to the field's type, and why."""
+    for index in range(len(values)):
+        try:
+            if isinstance(values, list):
+                pa.array(values[index:index + 1], type=field.type)
+            else:
+                values.slice(index, 1).cast(field.type)
+        except _ARROW_ERRORS as error:
+            value = values[index] if isinstance(values, list) else values[index].as_py()
+            return index, value, str(error).splitlines()[0]
+    raise AssertionError("a column that fails to convert has a value that fails")
+
+
+def _misfit_error(values: list[Any] | pa.ChunkedArray | pa.Array,
+                  field: pa.Field) -> InvalidArgument:
+    row, value, why = _first_misfit(values, field)
+    return InvalidArgument(
+        f"row {row}: value {value!r} does not fit column {field.name!r} of type {field.type} "
+        f"({why}); nothing of this append was written"
+    )
+
+
+def fit_column(column: pa.ChunkedArray | pa.Array, field: pa.Field) -> pa.Array:
+    """An appended column as the field's type; a value that does not fit is InvalidArgument
+    naming its row and the column."""
+    try:
+        return column.cast(field.type)
+    except _ARROW_ERRORS:
+        raise _misfit_error(column, field) from None
+
+
+def as_arrow(rows: Any, schema: pa.Schema) -> pa.Table:
+    """An append as an Arrow table: a pyarrow Table as is, a list of dicts or a pandas
+    DataFrame converted with the table's column types, so a bad value names its row."""
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, list):
+        if not all(isinstance(r, dict) for r in rows):
+            raise InvalidArgument("append takes a pyarrow Table, a list of dicts or a DataFrame")
+        names = list(dict.fromkeys(name for row in rows for name in row))
+        return pa.Table.from_pydict({n: _python_column([r.get(n) for r in rows], n, schema)
+                                     for n in names})
+    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):
+        try:
+            return pa.Table.from_pandas(rows, preserve_index=False)
+        except _ARROW_ERRORS:
+            return as_arrow(rows.to_dict("records"), schema)  # names the bad row
+    raise InvalidArgument(f"append cannot take {type(rows).__name__}; pass a pyarrow Table, "
+                          "a list of dicts or a pandas DataFrame")
+
+
+def _python_column(values: list[Any], name: str, schema: pa.Schema) -> pa.Array:
+    if name in schema.names or name in (CHANGE_TYPE, SEQUENCE):
+        field = schema.field(name) if name in schema.names else pa.field(name, pa.string())
+        try:
+            return pa.array(values, type=field.type)
+        except _ARROW_ERRORS:
+            raise _misfit_error(values, field) from None
+    try:
+        return pa.array(values)
+    except _ARROW_ERRORS:
+        raise InvalidArgument(f"column {name!r} is not in the table; columns: "
+                              f"{schema.names}") from None
+
+
+def prepare(data: pa.Table, schema: pa.Schema, primary_key: tuple[str, ...],
+            ingest_ns: int) -> pa.Table:
+    """Validate an append and shape it as pending rows, ingested at `ingest_ns`. Omitted
+    columns become NULL (an UPSERT writes the whole row); INSERT and untyped rows count as
+    UPSERTs."""
     unknown = [n for n in data.column_names if n not in schema.names and n not in (
         CHANGE_TYPE, SEQUENCE)]
     if unknown:
@@ -87,21 +179,11 @@ def prepare(data: pa.Table, schema: pa.Schema, primary_key: tuple[str, ...]) -> 
             raise InvalidArgument(
                 f"row {index}: _CHANGE_SEQUENCE_NUMBER {text!r} is malformed: {RULE}"
             ) from None
-    columns = []
-    for field in schema:
-        if field.name in data.column_names:
-            try:
-                columns.append(data.column(field.name).cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-                raise InvalidArgument(
-                    f"column {field.name!r} cannot hold the given values as {field.type}: {error}"
-                ) from None
-        else:
-            columns.append(pa.nulls(rows, field.type))
+    columns = [fit_column(data.column(f.name), f) if f.name in data.column_names
+               else pa.nulls(rows, f.type) for f in schema]
     kinds = ["DELETE" if t == "DELETE" else "UPSERT" for t in types]
-    stamp = time.time_ns()
     columns += [pa.array(kinds, pa.string()), pa.array(sequences, pa.string()),
-                pa.array(seq_keys, pa.string()), pa.array([stamp] * rows, pa.int64()),
+                pa.array(seq_keys, pa.string()), pa.array([ingest_ns] * rows, pa.int64()),
                 pa.array(range(rows), pa.int64())]
     return pa.Table.from_arrays(columns, schema=pending_schema(schema))
 
@@ -119,10 +201,45 @@ def append(root: str | Path, rows: pa.Table, app_id: str | None, version: int | 
         properties = CommitProperties(app_transactions=[Transaction(app_id, version)])
     if rows.num_rows == 0 and properties is None:
         return True
-    write_deltalake(path, rows, mode="append", commit_properties=properties)
+    order = pa.schema(DeltaTable(path).schema().to_arrow()).names  # added columns come last
+    write_deltalake(path, rows.select(order), mode="append", commit_properties=properties)
     return True
 
 
 def applied_version(root: str | Path, app_id: str) -> int | None:
     return DeltaTable(pending_path(root)).transaction_version(app_id)
 
+
+
+def write_pending_file(root: str, prepared: pa.Table) -> dict[str, Any]:
+    """Write prepared pending rows as one Parquet file in the table's pending folder (not yet
+    part of the table: `commit_pending_files` adds it)."""
+    name = f"part-{uuid.uuid4().hex}.parquet"
+    folder = Path(pending_path(root))
+    temporary = folder / f".{name}.tmp"
+    pq.write_table(prepared, temporary)
+    os.replace(temporary, folder / name)
+    return {"table_root": root, "path": name, "size": (folder / name).stat().st_size,
+            "rows": prepared.num_rows}
+
+
+def commit_pending_files(root: str, files: list[dict[str, Any]], app_id: str | None,
+                         batch_id: int | None, clock: Clock) -> bool:
+    """Register written files in one Delta commit with (app_id, batch_id); False if the batch
+    was committed before (the files of this attempt stay orphans, never read)."""
+    table = DeltaTable(pending_path(root))
+    if app_id is not None and batch_id is not None:
+        current = table.transaction_version(app_id)
+        if current is not None and current >= batch_id:
+            return False
+    transactions = ([Transaction(app_id, batch_id)]
+                    if app_id is not None and batch_id is not None else None)
+    now_ms = to_micros(clock.now()) // 1000
+    actions: list[AddAction | RemoveAction] = [
+        AddAction(f["path"], int(f["size"]), {}, now_ms, True,
+                  json.dumps({"numRecords": int(f["rows"])})) for f in files]
+    table.create_write_transaction(
+        actions, mode="append", schema=table.schema(),
+        commit_properties=CommitProperties(app_transactions=transactions),
+    )
+    return True

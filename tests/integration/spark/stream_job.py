@@ -33,6 +33,7 @@ def main() -> None:
         rows = [r.asDict() for r in frame.collect()]
         for row in rows:
             row["commit_timestamp"] = row["commit_timestamp"].isoformat()
+            row["source_timestamp"] = row["source_timestamp"].isoformat()
         if slow:
             time.sleep(1.5)
         temporary = out / f".batch-{batch_id:06d}.tmp"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from cdcflow import Database, PartitionPolicy
-from cdcflow.spark import apply_change_stream, cdc_table_sink
+from cdcflow.errors import InvalidArgument
+from cdcflow.spark import append_frame, apply_change_stream, cdc_table_sink
 from cdcflow.table import CdcTable
 from cdcflow.testing import WORKLOAD_DDL, run_mixed_writer, run_partition_churn
 
@@ -84,16 +85,18 @@ def test_spark_sink_is_exactly_once_per_batch_id(spark, tmp_path: Path):
         sink(bad, 2)
 
 
-def test_connection_appends_a_spark_dataframe(spark, tmp_path: Path):
+def test_a_connection_takes_a_spark_dataframe_through_append_frame(spark, tmp_path: Path):
     table = CdcTable.create(tmp_path / "t", "id INT64 NOT NULL, v INT64", ["id"])
     connection = table.connection()
     frame = spark.createDataFrame([(i, i, "UPSERT") for i in range(20)],
                                   "id BIGINT, v BIGINT, _CHANGE_TYPE STRING").repartition(2)
-    assert connection.append(frame, app_id="loader", version=1)
-    connection.append(frame, app_id="loader", version=1)  # a retry: skipped at commit
+    assert append_frame(connection, frame, app_id="loader", version=1)
+    assert not append_frame(connection, frame, app_id="loader", version=1)  # a retry
     assert sorted(r["id"] for r in table.to_arrow().to_pylist()) == list(range(20))
     assert len(list((tmp_path / "t/_cdcflow/pending").glob("part-*.parquet"))) >= 2
     plain = spark.createDataFrame([(99, 1)], "id BIGINT, v BIGINT")
     with pytest.raises(Exception, match="not a valid CHANGE_TYPE"):
-        connection.append(plain)
+        append_frame(connection, plain)
+    with pytest.raises(InvalidArgument, match="append_frame"):
+        connection.append(plain)  # table/ takes no Spark frames itself
     assert len(table.to_arrow()) == 20

@@ -31,6 +31,12 @@ def test_demo_runs_and_verifies(tmp_path: Path):
     assert summary["changes"] > 100
     assert all(check["equal"] for check in summary["verification"].values())
     assert list((tmp_path / "d" / "events" / "demo").rglob("*.jsonl"))
+    assert set(summary["tables"]) == {"Singers", "AccountBalance"}
+    assert all(t["apply_watermark"] and t["pending_rows"] == 0
+               for t in summary["tables"].values())
+    assert summary["errors"] == []
+    for noise in ("Exception in thread", "StackOverflowError", " WARN ", "[Stage"):
+        assert noise not in result.stderr, result.stderr[-3000:]
 
 
 def test_run_resumes_a_running_stream_and_stops_cleanly_on_interrupt(tmp_path: Path):
@@ -62,4 +68,6 @@ def test_run_resumes_a_running_stream_and_stops_cleanly_on_interrupt(tmp_path: P
         out, err = process.communicate(timeout=120)
         assert process.returncode == 0, err[-2000:]
         assert "stream states saved" in out
+        for noise in (" WARN ", " INFO ", "[Stage", "Exception in thread"):
+            assert noise not in err + out, (err + out)[-3000:]
         assert catalog.get("s").state.value == "RUNNING"

@@ -59,7 +59,8 @@ BAD_WRITES = [
     ("insert", "T", {"K": 1, "Req": "r", "J": {1, 2}}, TypeMismatch, "JSON"),
     ("insert", "T", {"K": 1, "Req": "r", "A": [1, "x"]}, TypeMismatch, "'x'"),
     ("insert", "T", {"K": 1, "Req": "r", "Flag": 1}, TypeMismatch, "BOOL"),
-    ("insert", "T", {"K": 1, "Req": "r", "TS": datetime(2020, 1, 1)}, TypeMismatch, "timezone"),
+    ("insert", "T", {"K": 1, "Req": "r", "TS": datetime(2020, 1, 1)},  # noqa: DTZ001 naive
+     TypeMismatch, "timezone"),
     ("insert", "T", {"K": 1, "Req": "r", "TS": COMMIT_TIMESTAMP}, InvalidArgument,
      "allow_commit_timestamp"),
     ("insert", "T", {"K": 1}, NotNullViolation, "Req"),

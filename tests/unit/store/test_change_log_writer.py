@@ -176,7 +176,8 @@ def test_bad_changes_raise_typed_errors_and_write_nothing(changelog: ChangeLog, 
 @pytest.mark.parametrize(("metadata", "needle"), [
     (SourceMetadata("postgresql-backfill", SOURCE_TIME, "1"), "backfill method"),
     (SourceMetadata("oracle-cdc-logminer", SOURCE_TIME, "1"), "is not one of"),
-    (SourceMetadata("postgres-cdc-wal", datetime(2026, 1, 1), "1"), "no timezone"),
+    (SourceMetadata("postgres-cdc-wal", datetime(2026, 1, 1), "1"),  # noqa: DTZ001 naive
+     "no timezone"),
 ])
 def test_bad_source_blocks_are_refused(changelog: ChangeLog, metadata: SourceMetadata,
                                        needle: str):

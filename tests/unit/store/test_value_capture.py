@@ -204,3 +204,12 @@ def test_drop_table_removes_rows_and_unwatched_streams_keep_working(db: Database
     assert [r.table_name for r in records(db, "S", start)] == ["Q"]
     db.ddl(TABLE)  # the name can be used again, with no rows
     assert db.scan("P") == []
+
+
+def test_a_column_added_by_this_process_is_writable_at_once(db: Database):
+    db.ddl("CREATE TABLE A (Id INT64 NOT NULL) PRIMARY KEY (Id)")
+    db.table_schema("A")  # cached by this session
+    db.ddl("ALTER TABLE A ADD COLUMN Note STRING(MAX)")
+    with db.transaction() as tx:
+        tx.insert("A", {"Id": 1, "Note": "new"})
+    assert db.read_row("A", 1) == {"Id": 1, "Note": "new"}

@@ -98,7 +98,20 @@ BAD_ROWS = [
     ([{"id": None, "_CHANGE_TYPE": "UPSERT"}], "row 0", "can't be NULL"),
     ([{"name": "x", "_CHANGE_TYPE": "UPSERT"}], "'id'", "can't be NULL"),
     ([{"id": 1, "bogus": 2, "_CHANGE_TYPE": "UPSERT"}], "bogus", "not in the table"),
-    ([{"id": "one", "_CHANGE_TYPE": "UPSERT"}], "'id'", "cannot hold"),
+    ([{"id": "one", "_CHANGE_TYPE": "UPSERT"}], "row 0: value 'one' does not fit column 'id'",
+     "int64"),
+    ([{"id": 1, "salary": 5, "_CHANGE_TYPE": "UPSERT"},
+      {"id": 2, "salary": "lots", "_CHANGE_TYPE": "UPSERT"}],
+     "row 1: value 'lots' does not fit column 'salary'", "int64"),
+    ([{"id": 2**70, "_CHANGE_TYPE": "UPSERT"}], "row 0: value 1180591620717411303424",
+     "column 'id'"),
+    ([{"id": 1, "_CHANGE_TYPE": "UPSERT"}, {"id": 2, "salary": 2**63, "_CHANGE_TYPE": "UPSERT"}],
+     "row 1: value 9223372036854775808 does not fit column 'salary'", "int64"),
+    (pa.table({"id": [1, 2, 3], "salary": ["1", "2", "x"]}),
+     "row 2: value 'x' does not fit column 'salary'", "int64"),
+    (pa.table({"id": [1, 2**40]}).cast(pa.schema([("id", pa.int64())])).append_column(
+        "name", pa.array([b"ok", b"\xff"], pa.binary())),
+     "row 1: value b'\\xff' does not fit column 'name'", "string"),
 ]
 
 

@@ -1,0 +1,116 @@
+"""The `ChangeSource` protocol: what every source of changes gives the runner.
+
+A source lists its objects (`discover`), fixes a consistent snapshot (`snapshot`), reads its
+objects as of that snapshot (`backfill`), and says where its changes are: the change log and
+change stream the pipeline reads, and from which log time on (`Snapshot.cdc_start`), so that
+the snapshot plus the changes after it equal the source with no gap and no duplicate in
+effect. A backfill cut short resumes with the same snapshot where the source can keep one.
+A source whose changes must be copied into the log (an external database) has a capture
+worker: `capture` runs in its own process and appends each committed source transaction with
+`ChangeLog.append`.
+
+Resume invariant of `capture`: all its state derives from the log. It resumes after
+`log.position(source_id)`, the position stored in the same log transaction as the last
+transaction appended, so a worker killed at any point and started again appends every
+committed source transaction exactly once. The source is acknowledged (a replication slot's
+LSN, a binlog position) only after the append that covers it has committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.model.source import SourceKind
+from cdcflow.model.types import ColumnType
+from cdcflow.store.changelog import ChangeLog
+
+
+@dataclass(frozen=True, slots=True)
+class SourceColumn:
+    """A field of an object (EV-10): name, unified type, nullability, key position."""
+
+    name: str
+    type: ColumnType
+    nullable: bool
+    key_position: int | None
+    ordinal_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceObject:
+    """An object of a source (a table), with its fields in ordinal order."""
+
+    name: str
+    columns: tuple[SourceColumn, ...]
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        keyed = sorted((c for c in self.columns if c.key_position is not None),
+                       key=lambda c: c.key_position or 0)
+        return tuple(c.name for c in keyed)
+
+    def column_types(self) -> tuple[ColumnTypeInfo, ...]:
+        """CS-7 column types of the whole row."""
+        keys = set(self.primary_key)
+        return tuple(ColumnTypeInfo(c.name, c.type, c.name in keys, c.ordinal_position)
+                     for c in self.columns)
+
+    def describe(self) -> dict[str, Any]:
+        """Discovery's shape (EV-10)."""
+        return {"object": self.name, "primary_key": list(self.primary_key), "fields": [{
+            "name": c.name, "type": c.type.ddl(), "primary_key_position": c.key_position,
+            "nullable": c.nullable, "ordinal_position": c.ordinal_position,
+        } for c in self.columns]}
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A finished backfill: the snapshot's time, the source position it corresponds to, and
+    the first log time the pipeline reads changes from."""
+
+    read_timestamp: datetime
+    position: dict[str, Any]
+    cdc_start: datetime
+
+
+RowSink = Callable[[SourceObject, list[dict[str, Any]]], None]
+"""Takes a chunk of an object's snapshot rows (Python values, every column)."""
+
+
+class ChangeSource(Protocol):
+    """One source of changes; see the module docstring for the contract."""
+
+    kind: SourceKind
+    source_id: str
+    has_worker: bool
+
+    def discover(self) -> list[SourceObject]:
+        """Every object of the source with its fields (EV-10)."""
+        ...
+
+    def log_location(self) -> tuple[str, str]:
+        """(change-log path, change stream) that the pipeline reads."""
+        ...
+
+    def snapshot(self, resume: dict[str, Any] | None) -> Snapshot:
+        """Fix the snapshot to backfill from; `resume` is the position of an earlier attempt's
+        snapshot, to be used again when the source still can."""
+        ...
+
+    def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink) -> None:
+        """Read `objects` as of `snapshot` into `sink`, in chunks, in the same order every
+        time (so a repeated backfill repeats its chunks)."""
+        ...
+
+    def capture(self, log: ChangeLog, stop: threading.Event) -> None:
+        """Append committed source transactions to `log` until `stop` is set (worker only)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...

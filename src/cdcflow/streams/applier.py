@@ -1,0 +1,96 @@
+"""The runner's apply jobs (AP-5): every table of a running stream is applied at least every
+`max_staleness / 2` (every 10 s without one), in one background thread, so pending changes
+stay bounded, reads inside the staleness are cheap, the apply watermark moves and tombstones
+expire. Each stream's status shows, per table, its apply watermark and pending rows."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cdcflow.clock import Clock
+from cdcflow.model.timestamps import format_rfc3339, to_micros
+from cdcflow.table import CdcTable
+
+
+@dataclass(slots=True)
+class _Due:
+    stream: str
+    tables: dict[str, str]
+    every_seconds: float
+    last: dict[str, int]
+
+
+class Applier:
+    """Call `watch` for each running stream and `forget` when it stops; `start` the thread."""
+
+    def __init__(self, clock: Clock, report: Callable[[str, dict[str, Any]], None],
+                 on_error: Callable[[str, str, BaseException], None]) -> None:
+        self.clock, self.report, self.on_error = clock, report, on_error
+        self._streams: dict[str, _Due] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, stream: str, tables: dict[str, str], every_seconds: float) -> None:
+        with self._lock:
+            if stream not in self._streams:
+                self._streams[stream] = _Due(stream, dict(tables), every_seconds, {})
+
+    def forget(self, stream: str) -> None:
+        with self._lock:
+            self._streams.pop(stream, None)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="cdcflow-apply", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            with self._lock:
+                due = list(self._streams.values())
+            for item in due:
+                try:
+                    self.apply_due(item.stream)
+                except Exception as error:  # e.g. a table's status unreadable: keep going
+                    traceback.print_exc()
+                    self.on_error(item.stream, "*", error)
+
+    def apply_due(self, stream: str, force: bool = False) -> None:
+        """Apply the stream's tables whose interval has passed (all of them with `force`)."""
+        with self._lock:
+            item = self._streams.get(stream)
+        if item is None:
+            return
+        now = to_micros(self.clock.now())
+        applied = False
+        for name, root in item.tables.items():
+            if force or now - item.last.get(name, 0) >= item.every_seconds * 1e6:
+                try:
+                    CdcTable.open(root, clock=self.clock).apply()
+                except Exception as error:  # a failing table must not stop the others
+                    traceback.print_exc()
+                    self.on_error(stream, name, error)
+                item.last[name] = now
+                applied = True
+        if applied:
+            self.report(stream, table_status(item.tables, self.clock))
+
+
+def table_status(tables: dict[str, str], clock: Clock) -> dict[str, Any]:
+    """Per table: root, apply watermark (RFC 3339 or None) and pending (unapplied) rows."""
+    out = {}
+    for name, root in tables.items():
+        table = CdcTable.open(root, clock=clock)
+        watermark = table.upsert_stream_apply_watermark
+        out[name] = {"root": root, "pending_rows": table.pending_row_count(),
+                     "apply_watermark": None if watermark is None else format_rfc3339(watermark)}
+    return {"tables": out}

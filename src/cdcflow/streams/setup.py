@@ -1,0 +1,97 @@
+"""What a stream needs to run: its source, selected objects, tables and batch plan.
+
+Every object gets a CDC table: in the CDC-table destination's warehouse when there is one,
+otherwise under the catalog's `state/<stream>/` folder as the stream's own row state, because
+events carry the whole row (EV-5) and partial change records are folded onto the current row.
+An object without a primary key has no table: its changes go to events as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+
+from cdcflow.capture.source import ChangeSource, SourceObject
+from cdcflow.events.files import Rotation
+from cdcflow.spark.pipeline import BatchPlan, EventsPlan
+from cdcflow.streams.definition import CdcTableDestination, EventFilesDestination
+from cdcflow.streams.definition import StreamDefinition as Definition
+from cdcflow.streams.sources import open_source
+from cdcflow.table import CdcTable
+from cdcflow.table.arrow_types import arrow_type
+
+DEFAULT_APPLY_SECONDS = 10.0
+"""How often the runner applies a table that has no max_staleness."""
+
+
+@dataclass(slots=True)
+class StreamSetup:
+    """A stream's source, objects (by name), tables (object -> root) and batch plan."""
+
+    definition: Definition
+    source: ChangeSource
+    objects: dict[str, SourceObject]
+    tables: dict[str, str]
+    plan: BatchPlan
+
+    @property
+    def apply_seconds(self) -> float:
+        """AP-5: apply at least every max_staleness / 2."""
+        destination = cdc_destination(self.definition)
+        staleness = None if destination is None else destination.max_staleness_seconds
+        return DEFAULT_APPLY_SECONDS if staleness is None else staleness / 2
+
+
+def cdc_destination(definition: Definition) -> CdcTableDestination | None:
+    found = [d for d in definition.destinations if isinstance(d, CdcTableDestination)]
+    return found[0] if found else None
+
+
+def events_plan(definition: Definition) -> EventsPlan | None:
+    found = [d for d in definition.destinations if isinstance(d, EventFilesDestination)]
+    if not found:
+        return None
+    first = found[0]
+    return EventsPlan(first.root, first.format,
+                      Rotation(first.max_events, first.max_bytes, first.max_seconds))
+
+
+def table_schema(item: SourceObject) -> pa.Schema:
+    return pa.schema([pa.field(c.name, arrow_type(c.type), c.nullable or
+                               c.key_position is None) for c in item.columns])
+
+
+def ensure_tables(definition: Definition, objects: list[SourceObject],
+                  home: Path) -> dict[str, str]:
+    """A CDC table per keyed object, created if missing; object -> resolved root."""
+    destination = cdc_destination(definition)
+    if destination is None:
+        folder, staleness, retention = home / "state" / definition.name, None, 2 * 86_400.0
+    else:
+        folder = Path(destination.warehouse)
+        staleness, retention = (destination.max_staleness_seconds,
+                                destination.delete_retention_seconds)
+    roots = {}
+    for item in objects:
+        if not item.primary_key:
+            continue
+        table = CdcTable.ensure(
+            folder / item.name, table_schema(item), list(item.primary_key),
+            max_staleness=None if staleness is None else timedelta(seconds=staleness),
+            delete_retention=timedelta(seconds=retention))
+        roots[item.name] = str(table.root.resolve())
+    return roots
+
+
+def prepare_stream(definition: Definition, home: Path) -> StreamSetup:
+    """Open the source, select its objects, create their tables, and plan the batches."""
+    source = open_source(definition, home)
+    objects = {o.name: o for o in source.discover() if definition.selects(o.name)}
+    tables = ensure_tables(definition, list(objects.values()), home)
+    label = source.log_location()[0]
+    plan = BatchPlan(definition.name, label, tuple(objects), tables,
+                     f"stream:{definition.name}", events_plan(definition))
+    return StreamSetup(definition, source, objects, tables, plan)

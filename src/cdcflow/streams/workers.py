@@ -1,0 +1,141 @@
+"""Capture workers: one process per stream whose source copies changes into the change log.
+
+`cdcflow run` keeps a worker alive for each such stream while it is STARTING, RUNNING or
+DRAINING. A worker that dies (a crash, a SIGKILL, a lost connection) is started again after a
+backoff that doubles with each consecutive death (1 s, 2 s, 4 s ... up to a minute) and
+resets once a worker has lived a minute. Nothing is lost: a worker resumes from the position
+stored in the log with the last transaction it appended (see `cdcflow.capture.source`).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdcflow.clock import Clock
+from cdcflow.model.timestamps import format_rfc3339, to_micros
+from cdcflow.store.changelog import ChangeLog
+from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.sources import open_source
+
+_CONTEXT = multiprocessing.get_context("spawn")
+
+
+def run_capture(definition_json: str, home: str) -> None:
+    """The body of a capture worker process: capture until SIGTERM."""
+    definition = StreamDefinition.parse(json.loads(definition_json))
+    source = open_source(definition, home)
+    path, change_stream = source.log_location()
+    log = ChangeLog.open(path)
+    log.ensure_change_stream(change_stream)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        source.capture(log, stop)
+    finally:
+        source.close()
+
+
+@dataclass(slots=True)
+class _Worker:
+    process: Any
+    started: float
+    deaths: int = 0
+    restart_at: float = 0.0
+    exit_codes: tuple[int, ...] = ()
+
+
+class CaptureWorkers:
+    """Starts, watches and restarts capture processes. `on_death(name, message)` hears of
+    every worker that died."""
+
+    def __init__(self, clock: Clock, on_death: Callable[[str, str], None],
+                 backoff_seconds: float = 1.0, max_backoff_seconds: float = 60.0,
+                 healthy_seconds: float = 60.0) -> None:
+        self.clock, self.on_death = clock, on_death
+        self.backoff, self.max_backoff, self.healthy = (backoff_seconds, max_backoff_seconds,
+                                                        healthy_seconds)
+        self._workers: dict[str, _Worker] = {}
+
+    def _now(self) -> float:
+        return to_micros(self.clock.now()) / 1e6
+
+    def ensure(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """Keep a worker running `target(*args)` for `name`: start it, or notice its death
+        and start it again once its backoff has passed."""
+        worker = self._workers.get(name)
+        now = self._now()
+        if worker is None:
+            self._workers[name] = _Worker(self._spawn(target, args), now)
+            return
+        if worker.process is not None and worker.process.is_alive():
+            return
+        if worker.process is not None:
+            self._bury(name, worker, now)
+        if now >= worker.restart_at:
+            worker.process, worker.started = self._spawn(target, args), now
+
+    def _bury(self, name: str, worker: _Worker, now: float) -> None:
+        code = worker.process.exitcode
+        worker.deaths = 1 if now - worker.started >= self.healthy else worker.deaths + 1
+        delay = min(self.backoff * 2 ** (worker.deaths - 1), self.max_backoff)
+        worker.restart_at = now + delay
+        worker.exit_codes = (*worker.exit_codes[-9:], code)
+        worker.process = None
+        self.on_death(name, f"capture worker exited with code {code}; restarting in "
+                            f"{delay:.1f} s (death {worker.deaths} in a row)")
+
+    @staticmethod
+    def _spawn(target: Callable[..., None], args: tuple[Any, ...]) -> Any:
+        process = _CONTEXT.Process(target=target, args=args, daemon=True)
+        process.start()
+        return process
+
+    def stop(self, name: str, timeout: float = 10.0) -> None:
+        """Stop a stream's worker: SIGTERM, then SIGKILL after `timeout`."""
+        worker = self._workers.pop(name, None)
+        if worker is None or worker.process is None:
+            return
+        worker.process.terminate()
+        worker.process.join(timeout)
+        if worker.process.is_alive():
+            os.kill(worker.process.pid, signal.SIGKILL)
+            worker.process.join(5)
+
+    def stop_all(self) -> None:
+        for name in list(self._workers):
+            self.stop(name)
+
+    def info(self, name: str) -> dict[str, Any] | None:
+        worker = self._workers.get(name)
+        if worker is None:
+            return None
+        alive = worker.process is not None and worker.process.is_alive()
+        return {"pid": worker.process.pid if alive else None, "alive": alive,
+                "deaths_in_a_row": worker.deaths, "exit_codes": list(worker.exit_codes)}
+
+
+def capture_status(log_path: str | Path, source_id: str, clock: Clock) -> dict[str, Any]:
+    """Where a source's capture stands in its log: its position; `lag_seconds`, how far behind
+    the source the newest appended change was when it was appended (Debezium's
+    MilliSecondsBehindSource); and `idle_seconds` since the position last moved."""
+    if not Path(log_path).exists():
+        return {"position": None}
+    stored = ChangeLog.open(log_path, create=False).position(source_id)
+    if stored is None:
+        return {"position": None}
+    appended = to_micros(stored.appended_at)
+    lag = None if stored.source_timestamp is None else (
+        appended - to_micros(stored.source_timestamp)) / 1e6
+    return {"position": stored.position, "lag_seconds": lag,
+            "idle_seconds": (to_micros(clock.now()) - appended) / 1e6,
+            "source_timestamp": None if stored.source_timestamp is None
+            else format_rfc3339(stored.source_timestamp),
+            "appended_at": format_rfc3339(stored.appended_at)}

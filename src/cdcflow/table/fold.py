@@ -1,0 +1,166 @@
+"""Fold a batch's mods into whole rows, and the CDC-table changes that carry them. Pure.
+
+Mods are rows of the "cdcflow" source (dicts of its columns: values as JSON text with
+`column_types`). Change records may carry partial new values (OLD_AND_NEW_VALUES and
+NEW_VALUES hold only the written columns; a DELETE under NEW_VALUES or NEW_ROW holds only the
+key), so each key's mods are folded in log order onto the key's row before the batch, which is
+looked up in the key's table (the ranges holding those keys plus its pending changes). Batches
+are processed in order, so that row reflects every earlier batch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+import pyarrow as pa
+
+from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.model.sequence import ChangeSequenceNumber
+from cdcflow.model.timestamps import to_micros
+from cdcflow.model.types import decode_value
+from cdcflow.table.arrow_types import arrow_type
+from cdcflow.table.cdc_table import CdcTable
+from cdcflow.table.pending import as_arrow, prepare
+
+_FULL_ROW = ("NEW_ROW", "NEW_ROW_AND_OLD_VALUES")
+
+
+def python_row(types: dict[str, ColumnTypeInfo], values: dict[str, Any]) -> dict[str, Any]:
+    """Python values of record-encoded values, JSON columns as canonical JSON text."""
+    row = {}
+    for name, encoded in values.items():
+        value = decode_value(encoded, types[name].type)
+        if types[name].type.code == "JSON" and value is not None:
+            value = json.dumps(value, sort_keys=True)
+        row[name] = value
+    return row
+
+
+@dataclass(slots=True)
+class FoldedKey:
+    """One key's mods in a batch, in log order, with the whole row after each mod (the
+    deleted row for a DELETE) and the key's final row (None when deleted)."""
+
+    table: str
+    keys: dict[str, Any]
+    mods: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    final: dict[str, Any] | None
+
+
+LOG_ORDER = ("commit_timestamp", "record_sequence", "mod_index")
+"""The columns that order the mods of one change log (and so of every key)."""
+
+
+def log_order(mod: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(mod[name] for name in LOG_ORDER)
+
+
+def _types_of(mod: dict[str, Any]) -> dict[str, ColumnTypeInfo]:
+    return {c["name"]: ColumnTypeInfo.from_dict(c) for c in json.loads(mod["column_types"])}
+
+
+def _needs_base(mod: dict[str, Any]) -> bool:
+    """Whether a key's first mod in a batch lacks columns of the whole row: an UPDATE with
+    only the written columns, or a DELETE without the old values."""
+    capture = mod["value_capture_type"]
+    match mod["mod_type"]:
+        case "INSERT":
+            return False
+        case "UPDATE":
+            return capture not in _FULL_ROW
+        case _:
+            return capture not in ("OLD_AND_NEW_VALUES", "NEW_ROW_AND_OLD_VALUES")
+
+
+def _group_key(mod: dict[str, Any]) -> str:
+    """Mods of one key fold together; a row of a table without a key stands alone."""
+    if mod["keys"] != "{}":
+        return str(mod["keys"])
+    return f"{mod['server_transaction_id']}/{mod['record_sequence']}/{mod['mod_index']}"
+
+
+def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]]
+              ) -> list[FoldedKey]:
+    """Fold mods per key in log order onto the key's row before the batch, looked up in its
+    table when there is one."""
+    by_table: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for mod in sorted(mods, key=log_order):
+        by_table.setdefault(mod["table_name"], {}).setdefault(_group_key(mod), []).append(mod)
+    folded = []
+    for table_name, keyed in by_table.items():
+        table = tables.get(table_name)
+        first_types = _types_of(next(iter(keyed.values()))[0])
+        key_names = [n for n, info in first_types.items() if info.is_primary_key]
+        wanted = [tuple(python_row(first_types, json.loads(group[0]["keys"]))[n]
+                        for n in key_names)
+                  for group in keyed.values() if _needs_base(group[0])]
+        base = table.lookup(wanted) if table is not None and key_names else {}
+        columns = table.schema.names if table is not None else None
+        for group in keyed.values():
+            folded.append(_fold_key(table_name, group, key_names, base, columns))
+    return folded
+
+
+def _fold_key(table: str, group: list[dict[str, Any]], key_names: list[str],
+              base: dict[tuple[Any, ...], dict[str, Any]], columns: list[str] | None
+              ) -> FoldedKey:
+    types = _types_of(group[-1])
+    names = list(dict.fromkeys([*(columns or ()), *types]))
+    keys = python_row(types, json.loads(group[0]["keys"]))
+    state: dict[str, Any] | None = base.get(tuple(keys[n] for n in key_names))
+    rows = []
+    for mod in group:
+        new = python_row(types, json.loads(mod["new_values"]))
+        empty = {c: None for c in names}
+        if mod["mod_type"] == "DELETE":
+            old = python_row(types, json.loads(mod["old_values"]))
+            rows.append(empty | (state or {}) | old | keys)
+            state = None
+        elif mod["mod_type"] == "INSERT" or mod["value_capture_type"] in _FULL_ROW:
+            state = empty | keys | new
+            rows.append(state)
+        else:
+            state = empty | (state or {}) | keys | new
+            rows.append(state)
+    return FoldedKey(table, keys, group, rows, state)
+
+
+def sequence_of(mod: dict[str, Any]) -> str:
+    """The mod's _CHANGE_SEQUENCE_NUMBER: commit micros / record_sequence / mod_index."""
+    stamp = mod["commit_timestamp"]
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return str(ChangeSequenceNumber.from_ints(
+        to_micros(stamp), int(mod["record_sequence"]), int(mod["mod_index"])))
+
+
+def added_fields(table: CdcTable, folded: list[FoldedKey]) -> list[pa.Field]:
+    """Columns the mods carry that the table lacks (the source added them)."""
+    known = set(table.schema.names)
+    fields: dict[str, pa.Field] = {}
+    for item in folded:
+        for info in _types_of(item.mods[-1]).values():
+            if info.name not in known and info.name not in fields:
+                fields[info.name] = pa.field(info.name, arrow_type(info.type), True)
+    return list(fields.values())
+
+
+def pending_rows(table: CdcTable, folded: list[FoldedKey], ingest_ns: int,
+                 added: list[pa.Field] | None = None) -> pa.Table:
+    """UPSERT/DELETE rows of the final state of each folded key of one table, in the table's
+    schema plus the `added` columns."""
+    schema = pa.schema([*table.schema, *(added or [])])
+    columns = schema.names
+    out = []
+    for item in folded:
+        sequence = sequence_of(item.mods[-1])
+        if item.final is None:
+            out.append(item.keys | {"_CHANGE_TYPE": "DELETE", "_CHANGE_SEQUENCE_NUMBER": sequence})
+        else:
+            out.append({c: item.final.get(c) for c in columns} | {
+                "_CHANGE_TYPE": "UPSERT", "_CHANGE_SEQUENCE_NUMBER": sequence})
+    return prepare(as_arrow(out, schema), schema, table.primary_key, ingest_ns)

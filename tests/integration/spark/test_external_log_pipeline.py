@@ -1,0 +1,92 @@
+"""A change log fed by the writer (as external sources feed it) goes through the Spark source
+and the batch pipeline unchanged: rows carry the source block (read_method, source_timestamp,
+source_metadata), events carry the source's EV-4 metadata and EV-6 sort keys, and the CDC
+table equals the applied changes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from cdcflow.events.files import EventFileWriter, Rotation, read_json_events
+from cdcflow.model.changes import SourceChange, SourceTransaction
+from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.model.source import SourceMetadata, lsn_number
+from cdcflow.model.types import ColumnType
+from cdcflow.spark.pipeline import BatchPlan, EventsPlan, start_query
+from cdcflow.store.changelog import ChangeLog
+from cdcflow.table import CdcTable
+
+pytestmark = pytest.mark.integration
+TYPES = (ColumnTypeInfo("id", ColumnType("INT64"), True, 1),
+         ColumnTypeInfo("owner", ColumnType("STRING"), False, 2),
+         ColumnTypeInfo("balance", ColumnType("INT64"), False, 3))
+OBJECT = "public.accounts"
+T0 = datetime(2026, 5, 1, 8, 0, tzinfo=UTC)
+
+
+def pg_transaction(number: int, changes: list[tuple[str, int, int | None]]) -> SourceTransaction:
+    made = []
+    for index, (kind, key, balance) in enumerate(changes):
+        new = {} if kind == "DELETE" else {"owner": f"o{key}", "balance": balance}
+        lsn = f"0/{(number * 100 + index):X}"
+        made.append(SourceChange(OBJECT, kind, {"id": key}, new, {}, TYPES, "NEW_ROW",
+                                 {"lsn": lsn}))
+    metadata = SourceMetadata("postgres-cdc-wal", T0 + timedelta(seconds=number),
+                              str(700 + number), {"commit_lsn": f"0/{number * 100 + 99:X}"})
+    return SourceTransaction(metadata, tuple(made))
+
+
+def test_an_appended_log_flows_through_spark_into_events_and_tables(spark, tmp_path: Path):
+    log = ChangeLog.open(tmp_path / "pg.log", initial_partitions=2)
+    log.ensure_change_stream("changes")
+    history = [
+        [("INSERT", 1, 10), ("INSERT", 2, 20), ("INSERT", 3, 30)],
+        [("UPDATE", 1, 11), ("DELETE", 2, None)],
+        [("INSERT", 2, 22), ("UPDATE", 2, 23), ("UPDATE", 3, 33)],
+    ]
+    position = None
+    for number, changes in enumerate(history, start=1):
+        log.append("pg", pg_transaction(number, changes), position, {"lsn": number})
+        position = {"lsn": number}
+    rows = (spark.read.format("cdcflow").option("database", str(tmp_path / "pg.log"))
+            .option("stream", "changes").option("startingTimestamp", "earliest")
+            .option("endingTimestamp", log.current_timestamp().isoformat()).load().collect())
+    assert len(rows) == 8
+    assert {r["read_method"] for r in rows} == {"postgres-cdc-wal"}
+    first = min(rows, key=lambda r: (r["commit_timestamp"], r["record_sequence"]))
+    assert first["source_timestamp"].replace(tzinfo=UTC) == T0 + timedelta(seconds=1)
+    assert json.loads(first["source_metadata"])["tx_id"] == "701"
+    assert "lsn" in json.loads(first["source_metadata"])
+
+    table = CdcTable.create(tmp_path / "w" / OBJECT, "id INT64 NOT NULL, owner STRING(MAX), "
+                            "balance INT64", ["id"])
+    plan = BatchPlan("pg-shop", "shop", (OBJECT,), {OBJECT: str(table.root.resolve())},
+                     "stream:pg-shop", EventsPlan(str(tmp_path / "events"), "json", Rotation()))
+    query = start_query(spark, plan, str(tmp_path / "pg.log"), "changes", "earliest",
+                        tmp_path / "ckpt", {"availableNow": True})
+    query.awaitTermination()
+    assert query.exception() is None
+    assert {r["id"]: (r["owner"], r["balance"]) for r in table.to_arrow().to_pylist()} == {
+        1: ("o1", 11), 2: ("o2", 23), 3: ("o3", 33)}
+    files = EventFileWriter(tmp_path / "events", "pg-shop").committed_files()
+    events = [e for f in files for e in read_json_events(f)]
+    assert len(events) == 8
+    for event in events:
+        assert event["read_method"] == "postgres-cdc-wal" and event["object"] == OBJECT
+        metadata = event["source_metadata"]
+        assert (metadata["schema"], metadata["table"]) == ("public", "accounts")
+        assert set(metadata) == {"schema", "table", "tx_id", "lsn", "change_type",
+                                 "is_deleted", "primary_keys"}  # EV-4 for PostgreSQL
+        source_micros = int(datetime.fromisoformat(event["source_timestamp"]).timestamp()
+                            * 1_000_000)
+        assert event["sort_keys"] == [source_micros, lsn_number(metadata["lsn"])]  # EV-6
+    ordered = sorted(events, key=lambda e: e["sort_keys"])
+    assert [(e["source_metadata"]["change_type"], e["payload"]["id"]) for e in ordered] == [
+        ("INSERT", "1"), ("INSERT", "2"), ("INSERT", "3"), ("UPDATE", "1"), ("DELETE", "2"),
+        ("INSERT", "2"), ("UPDATE", "2"), ("UPDATE", "3")]
+    deleted = next(e for e in ordered if e["source_metadata"]["is_deleted"])
+    assert deleted["payload"] == {"id": "2", "owner": "o2", "balance": "20"}  # the whole row
