@@ -85,7 +85,8 @@ def _verify(path: str, folder: Path) -> dict[str, Any]:
 @click.option("--output", default="demo-output", show_default=True, type=click.Path())
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--json", "as_json", is_flag=True, help="Only the JSON summary on stdout.")
-@click.option("--verbose", is_flag=True, help="Show Spark's logs and progress bars.")
+@click.option("--verbose", is_flag=True,
+              help="Show Spark's output and progress bars (else: spark.log in the output).")
 def demo(duration: float, rate: float, output: str, master: str, as_json: bool,
          verbose: bool) -> None:
     """Run a workload into an embedded database and stream it into CDC tables and events."""
@@ -93,7 +94,7 @@ def demo(duration: float, rate: float, output: str, master: str, as_json: bool,
     path, catalog, _ = _prepare(folder)
     catalog.act("demo", "start")
     stop = threading.Event()
-    spark = spark_session(master, verbose)
+    spark = spark_session(master, verbose, folder / "spark.log")
     display = threading.Thread(target=supervise, args=(str(folder / "catalog.db"), stop, spark),
                                kwargs={"as_json": as_json})
     display.start()

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
@@ -18,11 +19,12 @@ from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.runner import Runner
 
 
-def spark_session(master: str, verbose: bool = False) -> Any:
-    """The runner's Spark session: quiet (errors only, no progress bars) unless verbose."""
+def spark_session(master: str, verbose: bool, log_path: Path) -> Any:
+    """The runner's Spark session: unless verbose, Spark's own output goes to `log_path` and
+    the console shows only cdcflow's."""
     from cdcflow.spark import session
 
-    return session("cdcflow-runner", master=master, verbose=verbose)
+    return session("cdcflow-runner", master=master, verbose=verbose, log_path=str(log_path))
 
 
 def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float = 2.0,
@@ -51,11 +53,14 @@ def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float
 @click.option("--catalog", default=DEFAULT_CATALOG, show_default=True)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--json", "as_json", is_flag=True, help="Progress as JSON lines.")
-@click.option("--verbose", is_flag=True, help="Show Spark's logs and progress bars.")
+@click.option("--verbose", is_flag=True,
+              help="Show Spark's output and progress bars (else: logs/spark.log beside the "
+                   "catalog).")
 def run(catalog: str, master: str, as_json: bool, verbose: bool) -> None:
     """Supervise streams until Ctrl-C; states stay in the catalog for the next run."""
     stop = threading.Event()
-    spark = spark_session(master, verbose)  # before the handlers: Spark has its SIGINT one
+    log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
+    spark = spark_session(master, verbose, log_path)  # before the handlers: Spark sets SIGINT
 
     def interrupt(*_: Any) -> None:
         stop.set()

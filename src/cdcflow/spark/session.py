@@ -1,5 +1,6 @@
 """A local SparkSession set up for cdcflow: workers use this interpreter, loopback only, and
-a quiet console (errors only, no progress bars) unless `verbose`."""
+a quiet console unless `verbose`: the JVM's own output (its log at level ERROR, its startup
+warnings, anything an executor prints) goes to `log_path`, and there are no progress bars."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+logger.spark.name = org.apache.spark
+logger.spark.level = error
 """
 
 
@@ -30,8 +33,38 @@ def _quiet_log_config() -> str:
     return str(path)
 
 
+def _settings(verbose: bool, conf: dict[str, str]) -> dict[str, str]:
+    settings = {
+        "spark.sql.shuffle.partitions": "4",
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+    }
+    if not verbose:
+        settings["spark.ui.showConsoleProgress"] = "false"
+    return settings | {key.replace("_", "."): value for key, value in conf.items()}
+
+
+def _start_quiet_context(app_name: str, master: str, settings: dict[str, str],
+                         log_path: str | None) -> None:
+    """Start the JVM with its stdout and stderr in `log_path`, then the SparkContext."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._active_spark_context is not None:
+        return
+    path = Path(log_path or Path(tempfile.gettempdir()) / f"cdcflow-spark-{os.getpid()}.log")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
+    with open(path, "ab") as log:  # the JVM keeps its own descriptor
+        gateway = launch_gateway(  # type: ignore[no-untyped-call]
+            spark_conf, popen_kwargs={"stdout": log, "stderr": log})
+    SparkContext(conf=spark_conf, gateway=gateway)
+
+
 def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool = False,
-            **conf: str) -> Any:
+            log_path: str | None = None, **conf: str) -> Any:
     """Get or create a SparkSession with the "cdcflow" data source registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -40,21 +73,13 @@ def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool =
 
     from cdcflow.spark.source import ChangeStreamSource
 
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master)
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-    )
-    if not verbose:
-        builder = (builder.config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.driver.extraJavaOptions",
-                           f"-Dlog4j2.configurationFile=file:{_quiet_log_config()}"))
-    for key, value in conf.items():
-        builder = builder.config(key.replace("_", "."), value)
+    settings = _settings(verbose, conf)
+    if not verbose:  # log4j2 reads this from the environment the JVM inherits
+        os.environ.setdefault("LOG4J_CONFIGURATION_FILE", _quiet_log_config())
+        _start_quiet_context(app_name, master, settings, log_path)
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if not verbose:
         spark.sparkContext.setLogLevel("ERROR")

@@ -35,8 +35,10 @@ def test_demo_runs_and_verifies(tmp_path: Path):
     assert all(t["apply_watermark"] and t["pending_rows"] == 0
                for t in summary["tables"].values())
     assert summary["errors"] == []
-    for noise in ("Exception in thread", "StackOverflowError", " WARN ", "[Stage"):
-        assert noise not in result.stderr, result.stderr[-3000:]
+    assert result.stderr == ""  # Spark's own output goes to spark.log unless --verbose
+    spark_log = (tmp_path / "d" / "spark.log").read_text()
+    for failure in ("Exception in thread", "StackOverflowError"):
+        assert failure not in spark_log, spark_log[-3000:]
 
 
 def test_run_resumes_a_running_stream_and_stops_cleanly_on_interrupt(tmp_path: Path):
@@ -68,6 +70,6 @@ def test_run_resumes_a_running_stream_and_stops_cleanly_on_interrupt(tmp_path: P
         out, err = process.communicate(timeout=120)
         assert process.returncode == 0, err[-2000:]
         assert "stream states saved" in out
-        for noise in (" WARN ", " INFO ", "[Stage", "Exception in thread"):
-            assert noise not in err + out, (err + out)[-3000:]
+        assert err == ""  # Spark's own output goes to logs/spark.log unless --verbose
+        assert "Exception in thread" not in (tmp_path / "logs" / "spark.log").read_text()
         assert catalog.get("s").state.value == "RUNNING"
