@@ -133,6 +133,7 @@ def backfill(source: ChangeSource, consumer: Consumer, definition: StreamDefinit
     objects = [o for o in source.discover() if definition.selects(o.name)]
     snapshot = source.snapshot(None)
     source.backfill(snapshot, objects, consumer.backfill)
+    source.release(snapshot)
     return snapshot
 
 

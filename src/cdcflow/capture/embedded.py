@@ -58,11 +58,15 @@ class EmbeddedSource:
         return self.database.path, self.change_stream
 
     def snapshot(self, resume: dict[str, Any] | None) -> Snapshot:
-        """The safe time now, or an earlier attempt's snapshot time (readable for the row
-        versions' retention of one hour; older ones are OutOfRange when read)."""
+        """The safe time now, or an earlier attempt's snapshot time; pinned in the database
+        (its row versions are kept) until `release`."""
         when = (self.database.current_timestamp() if resume is None
                 else from_micros(int(resume["timestamp"])))
+        self.database.pin_snapshot(self.source_id, when)
         return Snapshot(when, {"timestamp": to_micros(when)}, when + timedelta(microseconds=1))
+
+    def release(self, snapshot: Snapshot) -> None:
+        self.database.release_snapshot(self.source_id)
 
     def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink) -> None:
         for item in objects:

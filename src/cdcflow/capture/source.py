@@ -102,6 +102,10 @@ class ChangeSource(Protocol):
         snapshot, to be used again when the source still can."""
         ...
 
+    def release(self, snapshot: Snapshot) -> None:
+        """The backfill of `snapshot` is done: let go of what kept it readable."""
+        ...
+
     def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink) -> None:
         """Read `objects` as of `snapshot` into `sink`, in chunks, in the same order every
         time (so a repeated backfill repeats its chunks)."""

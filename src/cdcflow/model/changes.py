@@ -9,13 +9,14 @@ can be known without the log, so a bad transaction is refused before anything is
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdcflow.errors import InvalidArgument
 from cdcflow.model.records import MOD_TYPES, ColumnTypeInfo
 from cdcflow.model.schema import VALUE_CAPTURE_TYPES
-from cdcflow.model.source import SourceMetadata, kind_of
+from cdcflow.model.source import ChangeContext, SourceKind, SourceMetadata, kind_of
 from cdcflow.model.types import decode_value, validate_value
 
 
@@ -56,12 +57,27 @@ def validate_transaction(transaction: SourceTransaction) -> None:
         raise InvalidArgument(f"source_timestamp {metadata.source_timestamp!r} has no timezone")
     if not transaction.changes:
         raise InvalidArgument("a source transaction needs at least one change")
+    _check_json("the transaction's position", metadata.position)
     for index, change in enumerate(transaction.changes):
         try:
             _validate_change(change)
+            _check_position(kind, metadata, change)
         except InvalidArgument as error:
             raise InvalidArgument(f"change {index} of transaction {metadata.tx_id!r}: "
                                   f"{error}") from None
+
+
+def _check_json(what: str, value: dict[str, Any]) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument(f"{what} {value!r} is not JSON: {error}") from None
+
+
+def _check_position(kind: SourceKind, metadata: SourceMetadata, change: SourceChange) -> None:
+    """The position fields EV-6 orders this kind's events by must be there (e.g. an LSN)."""
+    _check_json("position", change.position)
+    kind.sort_keys(ChangeContext(metadata, metadata.position | change.position, 0, "", "", 0))
 
 
 def _validate_change(change: SourceChange) -> None:

@@ -72,9 +72,11 @@ def _out(kind: str, **values: Any) -> dict[str, Any]:
             "events": 0, "last_micros": 0, "added": fields_to_json([])} | values
 
 
-def process_partition(plan: BatchPlan, batch_id: int,
-                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Executor side: fold, write pending files and event files, describe what was written."""
+def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.RecordBatch],
+                      write_tables: bool = True, write_events: bool = True
+                      ) -> Iterator[pa.RecordBatch]:
+    """Executor side: fold, write pending files and event files (those of the destinations
+    not yet committed for this batch), describe what was written."""
     from pyspark import TaskContext
 
     mods = [m for b in batches for m in b.to_pylist() if m["table_name"] in plan.objects]
@@ -91,14 +93,14 @@ def process_partition(plan: BatchPlan, batch_id: int,
     stamp = ingest_stamp(SYSTEM_CLOCK)
     for name, table in tables.items():
         mine = [f for f in folded if f.table == name]
-        if table is not None and mine and table.primary_key:
+        if write_tables and table is not None and mine and table.primary_key:
             added = added_fields(table, mine)
             described = write_pending_file(plan.tables[name],
                                            pending_rows(table, mine, stamp, added))
             out.append(_out("cdc", **described, last_micros=last,
                             added=fields_to_json(added)))
     writer = plan.writer()
-    if writer is not None:
+    if writer is not None and write_events:
         now = SYSTEM_CLOCK.now()
         events = [event_of_change(plan.stream, plan.source_label, change_of_row(mod), row, now)
                   for item in folded for mod, row in zip(item.mods, item.rows, strict=True)]
@@ -109,27 +111,36 @@ def process_partition(plan: BatchPlan, batch_id: int,
     yield pa.RecordBatch.from_pylist(out)
 
 
+def _committed(root: str, app_id: str, batch_id: int) -> bool:
+    version = applied_version(root, app_id)
+    return version is not None and version >= batch_id
+
+
 def run_batch(plan: BatchPlan, frame: Any, batch_id: int) -> dict[str, Any]:
-    """Driver side of one batch; returns counters: rows, seconds, last commit micros."""
+    """Driver side of one batch; returns counters: rows, seconds, last commit micros.
+
+    The event manifest commits before the tables: a replay after a crash between the two
+    writes no events and folds the table rows again from the tables as they were before the
+    batch. (Tables first would fold the replay's events onto the rows after the batch.)"""
     began = time.monotonic()
     writer = plan.writer()
-    cdc_done = all((applied_version(root, plan.app_id) or -1) >= batch_id
-                   for root in plan.tables.values())
+    cdc_done = all(_committed(root, plan.app_id, batch_id) for root in plan.tables.values())
     events_done = writer is None or writer.is_committed(batch_id)
     if cdc_done and events_done:
         return {"rows": 0, "seconds": 0.0, "last_micros": None}
     arranged = frame.repartition("table_name", "keys").sortWithinPartitions(*LOG_ORDER)
     written = [r.asDict() for r in arranged.mapInArrow(
-        lambda it: process_partition(plan, batch_id, it), OUT_SCHEMA).collect()]
+        lambda it: process_partition(plan, batch_id, it, not cdc_done, not events_done),
+        OUT_SCHEMA).collect()]
+    if writer is not None and not events_done:
+        files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
+        writer.commit_batch(batch_id, files)
     for root in plan.tables.values():
         mine = [w for w in written if w["kind"] == "cdc" and w["table_root"] == root]
         added = [f for w in mine for f in fields_from_json(w["added"])]
         if added:
             CdcTable.open(root).add_columns(added)  # before the files that hold them commit
         commit_pending_files(root, mine, plan.app_id, batch_id, SYSTEM_CLOCK)
-    if writer is not None and not events_done:
-        files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
-        writer.commit_batch(batch_id, files)
     lasts = [w["last_micros"] for w in written if w["last_micros"]]
     return {"rows": sum(w["rows"] for w in written if w["kind"] == "count"),
             "seconds": time.monotonic() - began, "last_micros": max(lasts) if lasts else None}

@@ -143,10 +143,14 @@ def create_stream(
     now_micros: int,
     initial_partitions: int,
     internal: bool = False,
+    external_tables: frozenset[str] = frozenset(),
 ) -> ChangeStreamDef:
+    """Create a change stream; `external_tables` are tables of appended sources that the
+    scope may name besides this database's own."""
     if name in catalog.streams:
         raise AlreadyExists(f"change stream {name!r} exists already")
-    _check_scope(catalog, scope)
+    _check_scope(catalog, StreamScope(scope.for_all, tuple(
+        (t, c) for t, c in scope.tables if t not in external_tables)))
     retention, capture = _stream_options(options, DEFAULT_RETENTION, "OLD_AND_NEW_VALUES")
     created = next_commit_micros(conn, now_micros)
     definition = ChangeStreamDef(

@@ -14,7 +14,6 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, Self
 
@@ -22,7 +21,6 @@ import orjson
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
-from cdcflow.model.changes import SourceTransaction, validate_transaction
 from cdcflow.model.partitions import PartitionMetadata, PartitionPolicy
 from cdcflow.model.records import ChangeRecord
 from cdcflow.model.schema import ChangeStreamDef
@@ -30,12 +28,11 @@ from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, t
 from cdcflow.store import catalog as catalog_ops
 from cdcflow.store import log, partition_map, retention
 from cdcflow.store.catalog import next_commit_micros
-from cdcflow.store.commit import append_entries, next_transaction_id
 from cdcflow.store.ddl import StreamScope
 from cdcflow.store.query import parse_change_stream_query
 from cdcflow.store.reader import initial_partitions, read_partition, scan_log, validate_query
 from cdcflow.store.session import Session
-from cdcflow.store.source_records import build_source_records
+from cdcflow.store.shards import ShardApi
 from cdcflow.store.sqlite import (
     check_format,
     file_format,
@@ -45,6 +42,7 @@ from cdcflow.store.sqlite import (
     write_meta,
     write_transaction,
 )
+from cdcflow.store.writer import LogWriter
 
 
 class LogReader(Protocol):
@@ -71,18 +69,9 @@ class LogReader(Protocol):
     ) -> list[tuple[int, int]]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class SourcePosition:
-    """Where an external source stands: the position after its last appended transaction,
-    that transaction's source time, and when the log recorded it."""
-
-    position: dict[str, Any]
-    source_timestamp: datetime | None
-    appended_at: datetime
-
-
-class ChangeLog:
-    """A change-log file; open it with `ChangeLog.open(path)`. Safe for many processes."""
+class ChangeLog(LogWriter, ShardApi):
+    """A change-log file; open it with `ChangeLog.open(path)`. Safe for many processes.
+    Its writer is `LogWriter`'s `append`; its shard/iterator API is `ShardApi`'s."""
 
     def __init__(self, path: str, clock: Clock, initial_partition_count: int) -> None:
         self.path = path
@@ -192,68 +181,6 @@ class ChangeLog:
                 self._now_micros(), self.initial_partition_count)
             catalog_ops.bump_schema_version(session.conn)
             return created
-
-    # ---- the writer -----------------------------------------------------------------------
-
-    def append(self, source: str, transaction: SourceTransaction,
-               after: dict[str, Any] | None, position: dict[str, Any]) -> datetime:
-        """Append one committed source transaction and the source's position after it, in ONE
-        log transaction; return its commit timestamp in the log.
-
-        `after` is the position the caller resumed from or last appended: if the log holds
-        another one for `source` (a second worker appended meanwhile), nothing is written and
-        FailedPrecondition is raised. Resume invariant: `position(source)` is always the
-        position after the last appended transaction, so a source that resumes from it never
-        appends a transaction twice and never skips one.
-        """
-        validate_transaction(transaction)
-        session = self._session()
-        with write_transaction(session.conn):
-            catalog = session.refresh()
-            self._check_after(source, after)
-            micros = next_commit_micros(session.conn, self._now_micros())
-            streams = [s for s in catalog.streams.values()
-                       if any(s.watches(c.table) for c in transaction.changes)]
-            entries = build_source_records(transaction, streams, session.ranges_of,
-                                           from_micros(micros), next_transaction_id(session))
-            append_entries(session, catalog, entries, micros)
-            log.write_position(session.conn, source, position,
-                               to_micros(transaction.metadata.source_timestamp), micros)
-        return from_micros(micros)
-
-    def advance(self, source: str, after: dict[str, Any] | None,
-                position: dict[str, Any]) -> None:
-        """Record a new position with nothing to append (e.g. the source moved past changes
-        to unwatched tables); the same `after` check as `append`."""
-        session = self._session()
-        with write_transaction(session.conn):
-            self._check_after(source, after)
-            log.write_position(session.conn, source, position, None, self._now_micros())
-
-    def _check_after(self, source: str, after: dict[str, Any] | None) -> None:
-        stored = log.read_position(self._session().conn, source)
-        current = None if stored is None else stored[0]
-        if current != after:
-            raise FailedPrecondition(
-                f"source {source!r} is at position {current!r} in the log, not {after!r}: "
-                "another capture worker appended meanwhile; resume from the log's position"
-            )
-
-    def position(self, source: str) -> SourcePosition | None:
-        """The position after the last transaction appended for `source` (None: none yet)."""
-        session = self._session()
-        with read_transaction(session.conn):
-            stored = log.read_position(session.conn, source)
-        if stored is None:
-            return None
-        position, source_micros, appended = stored
-        return SourcePosition(position, None if source_micros is None else
-                              from_micros(source_micros), from_micros(appended))
-
-    def forget_position(self, source: str) -> None:
-        session = self._session()
-        with write_transaction(session.conn):
-            log.delete_position(session.conn, source)
 
     # ---- reads --------------------------------------------------------------------------
 

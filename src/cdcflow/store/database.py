@@ -8,6 +8,7 @@ The change log and its readers are `ChangeLog`'s; this class adds tables, DDL an
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -15,16 +16,16 @@ from cdcflow.errors import InvalidArgument, OutOfRange
 from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, to_micros
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import retention, rows, shards
+from cdcflow.store import retention, rows
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.store.commit import commit_mutations
 from cdcflow.store.ddl import parse_ddl
 from cdcflow.store.mutations import Mutation
-from cdcflow.store.sqlite import read_transaction, write_transaction
+from cdcflow.store.sqlite import read_meta, read_transaction, write_meta, write_transaction
 from cdcflow.store.transaction import Transaction
 
 
-class Database(ChangeLog, shards.ShardApi):
+class Database(ChangeLog):
     """An embedded database file with change streams; open it with `Database.open(path)`."""
 
     # ---- schema -------------------------------------------------------------------------
@@ -121,7 +122,10 @@ class Database(ChangeLog, shards.ShardApi):
                 f"read_timestamp {format_rfc3339(micros)} is in the future (now is "
                 f"{format_rfc3339(now)})"
             )
-        earliest = now - retention.VERSION_RETENTION_MICROS
+        session = self._session()
+        with read_transaction(session.conn):
+            meta = read_meta(session.conn)
+        earliest = retention.version_cutoff(meta, now)
         if micros < earliest:
             raise OutOfRange(
                 f"read_timestamp {format_rfc3339(micros)} is older than the version retention "
@@ -129,6 +133,28 @@ class Database(ChangeLog, shards.ShardApi):
             )
         self._publish_closed(micros)
         return micros
+
+    def pin_snapshot(self, name: str, at: datetime) -> None:
+        """Keep the row versions a read at `at` sees until `release_snapshot(name)`, beyond
+        the hour of version retention (a backfill that resumes reads its snapshot again)."""
+        micros = to_micros(at)
+        now = self._now_micros()
+        session = self._session()
+        with write_transaction(session.conn):
+            meta = read_meta(session.conn)
+            if micros < retention.version_cutoff(meta, now):
+                raise OutOfRange(
+                    f"snapshot {format_rfc3339(micros)} is older than the version retention of "
+                    f"1 hour and not pinned; its row versions may be gone")
+            pins = retention.snapshot_pins(meta) | {name: micros}
+            write_meta(session.conn, {"snapshot_pins": json.dumps(pins)})
+
+    def release_snapshot(self, name: str) -> None:
+        session = self._session()
+        with write_transaction(session.conn):
+            pins = retention.snapshot_pins(read_meta(session.conn))
+            pins.pop(name, None)
+            write_meta(session.conn, {"snapshot_pins": json.dumps(pins)})
 
     def key_hash(self, table: str, key: Any) -> int:
         """Position of a row in the partition hash space, e.g. to choose a split point."""

@@ -1,9 +1,10 @@
 """The log tables and every SQL statement on them (the DAO of the change log).
 
-Three tables make the log: `_partitions` (each change-stream partition: key range, time span,
+Four tables make the log: `_partitions` (each change-stream partition: key range, time span,
 lineage), `_log` (records per partition: data records, and the child-partitions record that
-ends a partition) and `_positions` (per external source, the position after the last
-transaction appended). No other module touches them. Every function runs inside the caller's
+ends a partition), `_positions` (per external source, the position after the last
+transaction appended) and `_objects` (the tables external sources appended, with their
+column types). No other module touches them. Every function runs inside the caller's
 SQLite transaction: a write function inside a write transaction, so the records of one
 commit, its partition changes and the source position land together or not at all.
 """
@@ -19,8 +20,9 @@ from typing import Any, Final
 LOG_DATA: Final = 0
 LOG_CHILD: Final = 1
 FORMAT_VERSION: Final = 2
-"""1: the first release; 2: source blocks on records, `_positions`, and
-`_partitions.expired_upto` (the newest commit that retention removed from a partition)."""
+"""1: the first release; 2: source blocks on records, `_positions`, `_objects` (the tables
+appended sources wrote, with their column types) and `_partitions.expired_upto` (the newest
+commit that retention removed from a partition)."""
 
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS _partitions ("
@@ -35,6 +37,8 @@ _TABLES = (
     "CREATE TABLE IF NOT EXISTS _positions ("
     "source TEXT PRIMARY KEY, position TEXT NOT NULL, source_micros INTEGER, "
     "appended_micros INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS _objects ("
+    "name TEXT PRIMARY KEY, column_types TEXT NOT NULL) WITHOUT ROWID",
 )
 _PARTITION_COLUMNS = (
     "token, range_start, range_end, start_micros, end_micros, parents, children, records"
@@ -263,3 +267,16 @@ def write_position(
 
 def delete_position(conn: sqlite3.Connection, source: str) -> None:
     conn.execute("DELETE FROM _positions WHERE source = ?", (source,))
+
+
+# ---- objects of external sources ------------------------------------------------------------
+
+
+def remember_object(conn: sqlite3.Connection, name: str, column_types: str) -> None:
+    conn.execute("INSERT INTO _objects(name, column_types) VALUES (?, ?) ON CONFLICT(name) "
+                 "DO UPDATE SET column_types = excluded.column_types", (name, column_types))
+
+
+def known_objects(conn: sqlite3.Connection) -> dict[str, str]:
+    """Name -> column types (JSON) of every table an external source appended."""
+    return dict(conn.execute("SELECT name, column_types FROM _objects").fetchall())

@@ -22,6 +22,8 @@ class Session:
     ranges: dict[str, PartitionRanges]
     meta: dict[str, Any]
     policy_checked: dict[str, int] = field(default_factory=dict)
+    objects: dict[str, str] = field(default_factory=dict)
+    """Column types (JSON) of the external objects this session has recorded."""
 
     @staticmethod
     def open(path: str) -> Session:

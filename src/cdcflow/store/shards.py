@@ -1,8 +1,9 @@
 """The shard/iterator stream API (SH-1..7) over the same per-partition log.
 
-Enabling a table's stream creates an internal change stream for that table; its partitions are
-the shards. An iterator is an opaque text naming a position (commit time, record, mod) in one
-shard's log; `get_stream_record` pages through one row change per returned record.
+Enabling a table's stream (a table of the embedded database, or one an external source
+appended) creates an internal change stream for that table; its partitions are the shards.
+An iterator is an opaque text naming a position (commit time, record, mod) in one shard's
+log; `get_stream_record` pages through one row change per returned record.
 """
 
 from __future__ import annotations
@@ -82,14 +83,18 @@ def _decode_iterator(iterator: str) -> tuple[str, str, tuple[int, int, int]]:
         raise InvalidArgument(f"shard iterator {iterator[:40]!r} is not a valid iterator") from None
 
 
-def _missed_expired(session: Session, stream: str, shard_id: str, position: tuple[int, int],
-                    cutoff: int) -> bool:
-    """Whether records after `position` expired unread: removed by retention, or past the
-    expiration though not removed yet."""
+_PAST_ALL = 1 << 62
+"""The record sequence of a position after every record of its commit timestamp."""
+
+
+def _missed_removed(session: Session, stream: str, shard_id: str,
+                    position: tuple[int, int]) -> bool:
+    """Whether retention removed records after `position` that were never read. Retention
+    removes whole commits, so a position inside a removed commit (part of it unread) counts."""
     removed = log.expired_upto(session.conn, stream, shard_id)
-    if removed is not None and removed > position[0]:
-        return True
-    return bool(log.records_after(session.conn, stream, shard_id, position, cutoff - 1, 1))
+    if removed is None:
+        return False
+    return removed > position[0] or (removed == position[0] and position[1] < _PAST_ALL)
 
 
 def _shard_infos(shards: list[PartitionMetadata]) -> tuple[ShardInfo, ...]:
@@ -101,6 +106,17 @@ def _shard_infos(shards: list[PartitionMetadata]) -> tuple[ShardInfo, ...]:
         infos.append(ShardInfo(shard.token, parents[0] if parents else None,
                                parents[1] if len(parents) > 1 else None))
     return tuple(infos)
+
+
+def _require_table(session: Session, catalog: catalog_ops.Catalog, table: str) -> bool:
+    """Whether `table` is a table an external source appended (False: this database's own);
+    NotFound when it is neither."""
+    if table in catalog.tables:
+        return False
+    if table in log.known_objects(session.conn):
+        return True
+    raise NotFound(f"table {table!r} does not exist; tables are {sorted(catalog.tables)} and "
+                   f"appended objects are {sorted(log.known_objects(session.conn))}")
 
 
 class ShardApi(ABC):
@@ -132,7 +148,7 @@ class ShardApi(ABC):
         session = self._session()
         with write_transaction(session.conn):
             catalog = session.refresh()
-            catalog.table(table)
+            external = _require_table(session, catalog, table)
             current = session.conn.execute(
                 "SELECT stream_id, change_stream FROM _shard_streams "
                 "WHERE table_name = ? AND disabled_micros IS NULL",
@@ -151,7 +167,7 @@ class ShardApi(ABC):
             if current is not None:
                 self._set_expiration(session, catalog, current, micros)
                 return str(current[0])
-            return self._enable(session, catalog, table, micros, now)
+            return self._enable(session, catalog, table, micros, now, external)
 
     def _set_expiration(
         self, session: Session, catalog: catalog_ops.Catalog, current: Any, micros: int
@@ -168,7 +184,8 @@ class ShardApi(ABC):
         catalog_ops.bump_schema_version(session.conn)
 
     def _enable(
-        self, session: Session, catalog: catalog_ops.Catalog, table: str, micros: int, now: int
+        self, session: Session, catalog: catalog_ops.Catalog, table: str, micros: int, now: int,
+        external: bool,
     ) -> str:
         (count,) = session.conn.execute("SELECT COUNT(*) FROM _shard_streams").fetchone()
         name = f"{catalog_ops.INTERNAL_PREFIX}shard_{table}_{count + 1}"
@@ -183,6 +200,7 @@ class ShardApi(ABC):
             now,
             self.initial_partition_count,
             internal=True,
+            external_tables=frozenset({table}) if external else frozenset(),
         )
         stream_id = f"{table}-{definition.created_micros}"
         session.conn.execute(
@@ -237,7 +255,7 @@ class ShardApi(ABC):
             _, change_stream, _, expiration = self._stream_row(session, stream_id)
             shard = partition_map.get_partition(session.conn, change_stream, shard_id)
         first = max(to_micros(shard.start_timestamp), self._now_micros() - expiration)
-        return _encode_iterator(stream_id, shard_id, (first - 1, 1 << 62, 1 << 30))
+        return _encode_iterator(stream_id, shard_id, (first - 1, _PAST_ALL, 1 << 30))
 
     def get_stream_record(
         self, iterator: str, limit: int = 1_000
@@ -251,12 +269,13 @@ class ShardApi(ABC):
         with read_transaction(session.conn):
             _, change_stream, _, expiration = self._stream_row(session, stream_id)
             shard = partition_map.get_partition(session.conn, change_stream, shard_id)
-            cutoff = self._now_micros() - expiration
-            if _missed_expired(session, change_stream, shard_id, (micros, seq), cutoff):
+            if _missed_removed(session, change_stream, shard_id, (micros, seq)):
+                cutoff = self._now_micros() - expiration
                 raise OutOfRange(
                     f"shard iterator points at {format_rfc3339(max(micros, 0))}, and records "
-                    f"after it are older than the stream's expiration; the earliest valid time "
-                    f"is {format_rfc3339(cutoff)}: call get_shard_iterator again"
+                    f"after it passed the stream's expiration and were removed unread; the "
+                    f"earliest valid time is {format_rfc3339(cutoff)}: call get_shard_iterator "
+                    "again"
                 )
             rows = log.records_after(session.conn, change_stream, shard_id, (micros, seq - 1),
                                      None, limit + 1)

@@ -71,3 +71,4 @@ def run_backfill(setup: StreamSetup, catalog: Catalog, clock: Clock) -> None:
         catalog.update_status(name, backfill=sink.progress)
     catalog.update_status(name, cdc_start=to_micros(snapshot.cdc_start),
                           objects=sorted(setup.objects))
+    setup.source.release(snapshot)

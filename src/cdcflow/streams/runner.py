@@ -265,8 +265,9 @@ class Runner:
             return
         try:
             stop_between_batches(query, worker.control, timeout=120)
-        except Exception:
-            traceback.print_exc()
+        except Exception as error:  # it had failed, or would not come to rest
+            self.catalog.record_error(worker.name, "*", f"{type(error).__name__}: "
+                                                        f"{error}"[:2000])
             if query.isActive:
                 query.stop()
 

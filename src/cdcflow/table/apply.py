@@ -80,8 +80,10 @@ def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...], now_
                retention_micros: int, only_keys: pa.Array | None = None) -> ApplyPlan:
     """Merge the unapplied pending changes (optionally only those of some keys) into the
     ranges they touch, in memory."""
-    manifest = read_manifest(DeltaTable(str(root)))
+    # Pending files first: an apply commits its manifest before it drops the files it
+    # applied, so a file missing from this list is in the manifest read after it.
     pending = _pending_files(root)
+    manifest = read_manifest(DeltaTable(str(root)))
     unapplied = [p for p, _ in pending if p not in manifest.applied_pending]
     changes = load_changes(root, unapplied, schema)
     if only_keys is not None:

@@ -111,15 +111,20 @@ class CdcTable:
     def add_columns(self, fields: list[pa.Field]) -> list[str]:
         """Add nullable columns that the table lacks (a source's ADD COLUMN); rows written
         before hold NULL in them. Returns the names added."""
+        unique = list({f.name: f.with_nullable(True) for f in fields}.values())
         with apply_lock(self.root):
-            current = set(self.schema.names)
-            new = [f.with_nullable(True) for f in fields if f.name not in current]
-            if new:
-                check_schema(pa.schema([*self.schema, *new]), list(self.primary_key))
-                delta_fields = list(DeltaSchema.from_arrow(pa.schema(new)).fields)
-                for path in (str(self.root), pending.pending_path(self.root)):
-                    DeltaTable(path).alter.add_columns(delta_fields)
-        return [f.name for f in new]
+            added = [f.name for f in unique if f.name not in self.schema.names]
+            check_schema(pa.schema([*self.schema, *(f for f in unique if f.name in added)]),
+                         list(self.primary_key))
+            # the pending table first: each table's own schema says what it still lacks, so
+            # a retry after a crash between the two finishes the job
+            for path in (pending.pending_path(self.root), str(self.root)):
+                names = pa.schema(DeltaTable(path).schema().to_arrow()).names
+                missing = [f for f in unique if f.name not in names]
+                if missing:
+                    DeltaTable(path).alter.add_columns(
+                        list(DeltaSchema.from_arrow(pa.schema(missing)).fields))
+        return added
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -168,14 +173,15 @@ class CdcTable:
     # ---- reads (AP-5, AP-9, AP-10) --------------------------------------------------------
 
     def has_pending_changes(self) -> bool:
+        paths = _pending_paths(self.root)  # before the manifest: see plan_apply
         manifest = read_manifest(DeltaTable(str(self.root)))
-        return any(p not in manifest.applied_pending for p in _pending_paths(self.root))
+        return any(p not in manifest.applied_pending for p in paths)
 
     def pending_row_count(self) -> int:
         """Rows appended and not applied yet."""
-        manifest = read_manifest(DeltaTable(str(self.root)))
         actions = pa.table(DeltaTable(pending.pending_path(self.root)).get_add_actions(
             flatten=True)).to_pylist()
+        manifest = read_manifest(DeltaTable(str(self.root)))
         return sum(int(a.get("num_records") or 0) for a in actions
                    if a["path"] not in manifest.applied_pending)
 

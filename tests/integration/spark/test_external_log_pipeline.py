@@ -90,3 +90,71 @@ def test_an_appended_log_flows_through_spark_into_events_and_tables(spark, tmp_p
         ("INSERT", "2"), ("UPDATE", "2"), ("UPDATE", "3")]
     deleted = next(e for e in ordered if e["source_metadata"]["is_deleted"])
     assert deleted["payload"] == {"id": "2", "owner": "o2", "balance": "20"}  # the whole row
+
+
+WIDE = (*TYPES, ColumnTypeInfo("note", ColumnType("STRING"), False, 4))
+
+
+def test_a_column_the_source_adds_reaches_the_table_from_many_partitions(spark,
+                                                                        tmp_path: Path):
+    """Every Spark partition that sees the new column reports it; the table gains it once."""
+    log = ChangeLog.open(tmp_path / "pg.log", initial_partitions=4)
+    log.ensure_change_stream("changes")
+    log.append("pg", pg_transaction(1, [("INSERT", k, k) for k in range(40)]), None, {"n": 1})
+    metadata = SourceMetadata("postgres-cdc-wal", T0 + timedelta(seconds=5), "9", {})
+    wide = tuple(SourceChange(OBJECT, "UPDATE", {"id": k}, {"owner": f"o{k}", "balance": k,
+                                                            "note": f"n{k}"}, {}, WIDE,
+                              "NEW_ROW", {"lsn": f"0/{1000 + k:X}"}) for k in range(40))
+    log.append("pg", SourceTransaction(metadata, wide), {"n": 1}, {"n": 2})
+    table = CdcTable.create(tmp_path / "w" / OBJECT, "id INT64 NOT NULL, owner STRING(MAX), "
+                            "balance INT64", ["id"])
+    plan = BatchPlan("pg-shop", "shop", (OBJECT,), {OBJECT: str(table.root.resolve())},
+                     "stream:pg-shop")
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # keep every shuffle partition
+    try:
+        query = start_query(spark, plan, str(tmp_path / "pg.log"), "changes", "earliest",
+                            tmp_path / "ckpt", {"availableNow": True})
+        query.awaitTermination()
+    finally:
+        spark.conf.unset("spark.sql.adaptive.enabled")
+    assert query.exception() is None
+    rows = {r["id"]: r for r in CdcTable.open(table.root).to_arrow().to_pylist()}
+    assert rows == {k: {"id": k, "owner": f"o{k}", "balance": k, "note": f"n{k}"}
+                    for k in range(40)}
+
+
+def test_a_batch_replayed_after_its_events_committed_changes_nothing_twice(
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A crash between the event manifest and the table commits: the replay writes no event
+    file again and folds the table rows from the tables as they were before the batch."""
+    from cdcflow.spark import pipeline
+
+    log = ChangeLog.open(tmp_path / "pg.log")
+    log.ensure_change_stream("changes")
+    log.append("pg", pg_transaction(1, [("INSERT", 1, 10)]), None, {"n": 1})
+    log.append("pg", pg_transaction(2, [("UPDATE", 1, 11), ("DELETE", 1, None)]), {"n": 1},
+               {"n": 2})
+    table = CdcTable.create(tmp_path / "w" / OBJECT, "id INT64 NOT NULL, owner STRING(MAX), "
+                            "balance INT64", ["id"])
+    plan = BatchPlan("s", "shop", (OBJECT,), {OBJECT: str(table.root.resolve())}, "stream:s",
+                     EventsPlan(str(tmp_path / "events"), "json", Rotation()))
+    frame = (spark.read.format("cdcflow").option("database", str(tmp_path / "pg.log"))
+             .option("stream", "changes").option("startingTimestamp", "earliest")
+             .option("endingTimestamp", log.current_timestamp().isoformat()).load())
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise OSError("killed between the two commits")
+
+    monkeypatch.setattr(pipeline, "commit_pending_files", crash)
+    with pytest.raises(OSError):
+        pipeline.run_batch(plan, frame, 0)
+    monkeypatch.undo()
+    writer = EventFileWriter(tmp_path / "events", "s")
+    written = {f: f.read_bytes() for f in writer.committed_files()}
+    pipeline.run_batch(plan, frame, 0)  # the replay
+    assert {f: f.read_bytes() for f in writer.committed_files()} == written
+    assert len(list((tmp_path / "events" / "s").rglob("*.jsonl"))) == len(written)
+    events = [e for f in written for e in read_json_events(f)]
+    delete = next(e for e in events if e["source_metadata"]["is_deleted"])
+    assert delete["payload"] == {"id": "1", "owner": "o1", "balance": "11"}
+    assert CdcTable.open(table.root).to_arrow().num_rows == 0

@@ -47,7 +47,7 @@ def journal_capture(log_path: str, journal: str) -> None:
                 break  # a line still being written
             ids = json.loads(text)
             changes = tuple(SourceChange("journal", "INSERT", {"id": i}, {"note": f"n{i}"}, {},
-                                         TYPES) for i in ids)
+                                         TYPES, position={"lsn": f"0/{i:X}"}) for i in ids)
             metadata = SourceMetadata("postgres-cdc-wal", datetime.now(UTC),
                                       str(line_number), {})
             position = {"line": line_number + 1}

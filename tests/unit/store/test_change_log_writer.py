@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cdcflow import Database, FakeClock
-from cdcflow.errors import FailedPrecondition, InvalidArgument
+from cdcflow.errors import FailedPrecondition, InvalidArgument, NotFound
 from cdcflow.follow import follow_change_stream
 from cdcflow.model.changes import SourceChange, SourceTransaction
 from cdcflow.model.records import ColumnTypeInfo
@@ -117,8 +117,8 @@ def test_long_runs_are_cut_into_bounded_records(changelog: ChangeLog):
 
 
 def test_keyless_tables_are_accepted_and_spread(changelog: ChangeLog):
-    rows = [SourceChange("public.history", "INSERT", {}, {"tid": i, "delta": i}, {}, HISTORY)
-            for i in range(30)]
+    rows = [SourceChange("public.history", "INSERT", {}, {"tid": i, "delta": i}, {}, HISTORY,
+                         position={"lsn": f"0/{i:X}"}) for i in range(30)]
     changelog.append("pg", transaction(*rows), None, {"n": 1})
     records = data_records(changelog)
     assert sorted(m.new_values["tid"] for r in records for m in r.mods) == list(range(30))
@@ -160,6 +160,12 @@ BAD = [
      "value_capture_type 'ALL'"),
     (lambda c: SourceChange(c.table, "INSERT", c.keys, {}, {}, ACCOUNTS + ACCOUNTS[:1]),
      "twice"),
+    (lambda c: SourceChange(c.table, "INSERT", c.keys, {}, {}, ACCOUNTS),  # no LSN (EV-6)
+     "needs an 'lsn'"),
+    (lambda c: SourceChange(c.table, "INSERT", c.keys, {}, {}, ACCOUNTS, position={"lsn": "x"}),
+     "LSN 'x'"),
+    (lambda c: SourceChange(c.table, "INSERT", c.keys, {}, {}, ACCOUNTS,
+                            position={"lsn": "0/1", "at": SOURCE_TIME}), "is not JSON"),
 ]
 
 
@@ -215,17 +221,32 @@ def test_split_merge_and_retention_work_on_an_appended_log(tmp_path: Path):
     assert log.position("pg") is not None  # positions outlive the records they follow
 
 
-def test_database_file_fed_by_the_writer_serves_the_shard_api(tmp_path: Path):
-    """A Database whose table K has a shard stream also takes appended changes of table K."""
+def test_an_appended_log_serves_the_shard_api(changelog: ChangeLog):
+    """SH-6 over a log fed by the writer: the appended table's stream, shards, iterators."""
+    changelog.append("pg", transaction(change("INSERT", 9, 90)), None, {"n": 1})
+    with pytest.raises(NotFound, match=r"'public\.nope'"):
+        changelog.update_table("public.nope", enable_stream=True)
+    stream_id = str(changelog.update_table("public.accounts", enable_stream=True))
+    changelog.append("pg", transaction(change("INSERT", 3, 30), change("UPDATE", 9, 91)),
+                     {"n": 1}, {"n": 2})
+    shards = changelog.describe_stream(stream_id).shards
+    seen = []
+    for shard in shards:
+        records, _ = changelog.get_stream_record(
+            changelog.get_shard_iterator(stream_id, shard.shard_id))
+        seen += [(r.action_type, r.primary_key["id"], r.columns["balance"]) for r in records]
+    assert sorted(seen) == [("PUT_ROW", 3, 30), ("UPDATE_ROW", 9, 91)]  # from enabling on
+
+
+def test_the_writer_refuses_a_database_s_own_tables(tmp_path: Path):
+    """A table of the embedded database gets its records from its own commits (CS-1)."""
     db = Database.open(tmp_path / "shop.db")
     db.ddl("CREATE TABLE K (id INT64 NOT NULL, owner STRING(MAX), balance INT64) "
            "PRIMARY KEY (id)")
-    stream_id = str(db.update_table("K", enable_stream=True))
-    db.append("pg", transaction(change("INSERT", 3, 30, table="K")), None, {"n": 1})
-    (shard,) = db.describe_stream(stream_id).shards
-    records, _ = db.get_stream_record(db.get_shard_iterator(stream_id, shard.shard_id))
-    assert [(r.action_type, r.primary_key, r.columns["balance"]) for r in records] == [
-        ("PUT_ROW", {"id": 3}, 30)]
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    with pytest.raises(InvalidArgument, match=r"\['K'\] are tables of this database"):
+        db.append("pg", transaction(change("INSERT", 3, 30, table="K")), None, {"n": 1})
+    assert db.position("pg") is None and data_records(db, "S") == []
 
 
 def test_a_file_of_the_first_release_opens_and_takes_appends(tmp_path: Path):
@@ -270,3 +291,33 @@ def test_a_newer_format_is_refused_and_a_foreign_file_is_not_touched(tmp_path: P
     tables = {n for (n,) in sqlite3.connect(foreign).execute(
         "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert tables == {"t"}
+
+
+def test_a_failure_after_the_records_are_written_rolls_back_records_and_position(
+        changelog: ChangeLog, monkeypatch: pytest.MonkeyPatch):
+    """Records and position are one transaction: a failure in between leaves neither."""
+    from cdcflow.store import log
+
+    def broken(*args: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(log, "write_position", broken)
+    with pytest.raises(OSError, match="disk full"):
+        changelog.append("pg", transaction(change("INSERT", 1, 1)), None, {"n": 1})
+    monkeypatch.undo()
+    assert data_records(changelog) == [] and changelog.position("pg") is None
+    changelog.append("pg", transaction(change("INSERT", 1, 1)), None, {"n": 1})
+    assert len(data_records(changelog)) == 1
+
+
+def test_mysql_changes_need_their_binlog_position(changelog: ChangeLog):
+    metadata = SourceMetadata("mysql-cdc-binlog", SOURCE_TIME, "g:1", {"log_file": "b.000001"})
+    good = SourceChange("shop.accounts", "INSERT", {"id": 1}, {}, {}, ACCOUNTS,
+                        position={"log_position": 120})
+    bad = SourceChange("shop.accounts", "INSERT", {"id": 2}, {}, {}, ACCOUNTS,
+                       position={"log_position": "120"})
+    with pytest.raises(InvalidArgument, match=r"change 1 .*'log_position'"):
+        changelog.append("my", SourceTransaction(metadata, (good, bad)), None, {"n": 1})
+    changelog.append("my", SourceTransaction(metadata, (good,)), None, {"n": 1})
+    (record,) = data_records(changelog)
+    assert record.source_metadata.read_method == "mysql-cdc-binlog"

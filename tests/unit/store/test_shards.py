@@ -90,6 +90,7 @@ def test_expiration_and_bad_arguments(fake_db: Database, clock: FakeClock):
     (shard,) = db.describe_stream(stream_id).shards
     stale = db.get_shard_iterator(stream_id, shard.shard_id)
     clock.advance(timedelta(hours=2))
+    db.enforce_retention()  # the record the iterator points at is removed unread
     with pytest.raises(OutOfRange, match="get_shard_iterator again"):
         db.get_stream_record(stale)
     fresh = db.get_shard_iterator(stream_id, shard.shard_id)
@@ -162,3 +163,37 @@ def test_a_reader_behind_removed_records_is_told_so(fake_db: Database, clock: Fa
         db.get_stream_record(iterator)  # record 2 was never read and is gone
     with pytest.raises(OutOfRange):
         db.get_stream_record(fresh)
+
+
+def test_a_reader_stopped_inside_a_removed_commit_is_told_so(fake_db: Database,
+                                                            clock: FakeClock):
+    db = fake_db
+    db.ddl(TABLE)
+    stream_id = str(db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=1)))
+    (shard,) = db.describe_stream(stream_id).shards
+    with db.transaction() as tx:
+        for i in range(3):
+            tx.insert("K", {"Id": i})
+    first, iterator = db.get_stream_record(db.get_shard_iterator(stream_id, shard.shard_id), 1)
+    assert len(first) == 1 and iterator is not None  # two mods of that commit are unread
+    clock.advance(timedelta(hours=2))
+    db.enforce_retention()
+    with pytest.raises(OutOfRange, match="removed unread"):
+        db.get_stream_record(iterator)
+
+
+def test_a_fresh_iterator_on_an_old_busy_shard_reads(fake_db: Database, clock: FakeClock):
+    """A record that was inside the expiration when the iterator was made, and passed it
+    before the read (a slow reader), but was not removed, is read rather than refused."""
+    db = fake_db
+    db.set_partition_policy(PartitionPolicy(auto=False))
+    db.ddl(TABLE)
+    stream_id = str(db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=1)))
+    (shard,) = db.describe_stream(stream_id).shards
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 5})
+    clock.advance(timedelta(hours=1) - timedelta(seconds=1))
+    fresh = db.get_shard_iterator(stream_id, shard.shard_id)
+    clock.advance(timedelta(seconds=2))  # now the record is past the expiration, still kept
+    records, following = db.get_stream_record(fresh)
+    assert [r.primary_key["Id"] for r in records] == [5] and following is not None

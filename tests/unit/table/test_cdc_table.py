@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -256,3 +257,52 @@ def test_bulk_load_then_changes_and_lookup(tmp_path: Path):
     job = table.apply()
     assert job["files_rewritten"] == 2  # the range of 5 and 7, and the last range
     assert len(table.to_arrow()) == 1000
+
+
+def test_a_lookup_racing_an_apply_sees_the_applied_changes(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    """An apply that commits between a reader's two looks (pending files, manifest) must not
+    hide its changes from the reader: they are in one view or the other."""
+    from cdcflow.table import apply as apply_module
+
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    table.connection().append([{"id": 1, "name": "a", "salary": 1, "_CHANGE_TYPE": "UPSERT",
+                                "_CHANGE_SEQUENCE_NUMBER": "1"}])
+    table.apply()
+    table.connection().append([{"id": 1, "name": "b", "salary": 2, "_CHANGE_TYPE": "UPSERT",
+                                "_CHANGE_SEQUENCE_NUMBER": "2"}])
+    real = apply_module.read_manifest
+    raced = []
+
+    def racing(delta: Any) -> Any:  # another process's apply commits right after this look
+        seen = real(delta)
+        if not raced:
+            raced.append(True)
+            monkeypatch.setattr(apply_module, "read_manifest", real)
+            CdcTable.open(tmp_path / "t").apply()
+        return seen
+
+    monkeypatch.setattr(apply_module, "read_manifest", racing)
+    assert table.lookup([(1,)])[(1,)]["name"] == "b"
+    assert raced
+
+
+def test_add_columns_takes_repeats_and_finishes_after_a_crash(tmp_path: Path):
+    from deltalake import DeltaTable
+    from deltalake.schema import Schema as DeltaSchema
+
+    from cdcflow.table.pending import pending_path
+
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    note = pa.field("note", pa.string())
+    assert table.add_columns([note, note, note]) == ["note"]  # one per Spark partition
+    assert table.schema.names == ["id", "name", "salary", "note"]
+    # a crash after the pending table gained a column and before the table did
+    extra = DeltaSchema.from_arrow(pa.schema([pa.field("extra", pa.int64())])).fields
+    DeltaTable(pending_path(table.root)).alter.add_columns(list(extra))
+    assert table.add_columns([pa.field("extra", pa.int64())]) == ["extra"]
+    table.connection().append([{"id": 1, "note": "n", "extra": 7, "_CHANGE_TYPE": "UPSERT"}])
+    assert table.to_arrow().to_pylist() == [
+        {"id": 1, "name": None, "salary": None, "note": "n", "extra": 7}]
+    with pytest.raises(InvalidArgument, match="reserved"):
+        table.add_columns([pa.field("_CHANGE_TYPE", pa.string())])

@@ -1,0 +1,128 @@
+"""The writer of the change log: committed source transactions and source positions.
+
+`append` is the one call an external source's capture worker makes: a transaction's records
+and the source's position after it go into ONE log transaction, so a restart resumes exactly
+after the last appended transaction and never appends one twice.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cdcflow.errors import FailedPrecondition, InvalidArgument
+from cdcflow.model.changes import SourceTransaction, validate_transaction
+from cdcflow.model.timestamps import from_micros, to_micros
+from cdcflow.store import log
+from cdcflow.store.catalog import Catalog, next_commit_micros
+from cdcflow.store.commit import append_entries, next_transaction_id
+from cdcflow.store.session import Session
+from cdcflow.store.source_records import build_source_records
+from cdcflow.store.sqlite import read_transaction, write_transaction
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePosition:
+    """Where an external source stands: the position after its last appended transaction,
+    that transaction's source time, and when the log recorded it."""
+
+    position: dict[str, Any]
+    source_timestamp: datetime | None
+    appended_at: datetime
+
+
+
+class LogWriter(ABC):
+    """Mixin of `ChangeLog`: the writer API."""
+
+    @abstractmethod
+    def _session(self) -> Session:
+        """This thread's session."""
+
+    @abstractmethod
+    def _now_micros(self) -> int:
+        """The clock's current time in microseconds."""
+
+    def append(self, source: str, transaction: SourceTransaction,
+               after: dict[str, Any] | None, position: dict[str, Any]) -> datetime:
+        """Append one committed source transaction and the source's position after it, in ONE
+        log transaction; return its commit timestamp in the log.
+
+        `after` is the position the caller resumed from or last appended: if the log holds
+        another one for `source` (a second worker appended meanwhile), nothing is written and
+        FailedPrecondition is raised. Resume invariant: `position(source)` is always the
+        position after the last appended transaction, so a source that resumes from it never
+        appends a transaction twice and never skips one.
+        """
+        validate_transaction(transaction)
+        session = self._session()
+        with write_transaction(session.conn):
+            catalog = session.refresh()
+            _refuse_native_tables(catalog, transaction)
+            self._check_after(source, after)
+            micros = next_commit_micros(session.conn, self._now_micros())
+            streams = [s for s in catalog.streams.values()
+                       if any(s.watches(c.table) for c in transaction.changes)]
+            entries = build_source_records(transaction, streams, session.ranges_of,
+                                           from_micros(micros), next_transaction_id(session))
+            append_entries(session, catalog, entries, micros)
+            _remember_objects(session, transaction)
+            log.write_position(session.conn, source, position,
+                               to_micros(transaction.metadata.source_timestamp), micros)
+        return from_micros(micros)
+
+    def advance(self, source: str, after: dict[str, Any] | None,
+                position: dict[str, Any]) -> None:
+        """Record a new position with nothing to append (e.g. the source moved past changes
+        to unwatched tables); the same `after` check as `append`."""
+        session = self._session()
+        with write_transaction(session.conn):
+            self._check_after(source, after)
+            log.write_position(session.conn, source, position, None, self._now_micros())
+
+    def _check_after(self, source: str, after: dict[str, Any] | None) -> None:
+        stored = log.read_position(self._session().conn, source)
+        current = None if stored is None else stored[0]
+        if current != after:
+            raise FailedPrecondition(
+                f"source {source!r} is at position {current!r} in the log, not {after!r}: "
+                "another capture worker appended meanwhile; resume from the log's position"
+            )
+
+    def position(self, source: str) -> SourcePosition | None:
+        """The position after the last transaction appended for `source` (None: none yet)."""
+        session = self._session()
+        with read_transaction(session.conn):
+            stored = log.read_position(session.conn, source)
+        if stored is None:
+            return None
+        position, source_micros, appended = stored
+        return SourcePosition(position, None if source_micros is None else
+                              from_micros(source_micros), from_micros(appended))
+
+    def forget_position(self, source: str) -> None:
+        session = self._session()
+        with write_transaction(session.conn):
+            log.delete_position(session.conn, source)
+
+
+def _refuse_native_tables(catalog: Catalog, transaction: SourceTransaction) -> None:
+    """A table of the embedded database gets its records from its own commits (CS-1)."""
+    native = sorted({c.table for c in transaction.changes if c.table in catalog.tables})
+    if native:
+        raise InvalidArgument(
+            f"tables {native} are tables of this database: their change records come from "
+            "their own commits (CS-1), not from appended source transactions"
+        )
+
+
+def _remember_objects(session: Session, transaction: SourceTransaction) -> None:
+    """Record each appended object and its column types (for the shard API and discovery)."""
+    for change in transaction.changes:
+        text = json.dumps([c.to_dict() for c in change.column_types], sort_keys=True)
+        if session.objects.get(change.table) != text:
+            log.remember_object(session.conn, change.table, text)
+            session.objects[change.table] = text
