@@ -4,7 +4,8 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 DURATION ?= 60
 
-.PHONY: demo test lint bench java clean
+.PHONY: demo test lint bench java servers clean
+DEBIAN_PACKAGES := postgresql postgresql-contrib
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,15 @@ java:
 	fi
 	@java -version 2>&1 | head -1
 
+# The tests start real database servers themselves; this installs their Debian packages.
+servers:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		echo "installing $(DEBIAN_PACKAGES) for the tests' real servers"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			$(DEBIAN_PACKAGES) >/dev/null; \
+	fi
+	@ls -d /usr/lib/postgresql/*/bin | head -1
+
 demo: $(VENV)/.installed java
 	$(VENV)/bin/cdcflow demo --duration $(DURATION)
 
@@ -28,7 +38,7 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests bench
 	$(PY) -m mypy
 
-test: $(VENV)/.installed java lint
+test: $(VENV)/.installed java servers lint
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed

@@ -41,3 +41,7 @@ class OutOfRange(CdcflowError):
 
 class FailedPrecondition(CdcflowError):
     """The operation is valid in general but not in the current state."""
+
+
+class Unavailable(CdcflowError):
+    """A server cannot be reached or answered with a transient failure; a retry may succeed."""

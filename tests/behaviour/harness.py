@@ -36,6 +36,8 @@ class SourceHarness(Protocol):
 
     def bad_profiles(self) -> list[tuple[dict[str, Any], str]]: ...
 
+    def unreachable_profile(self, folder: Path) -> tuple[dict[str, Any], str]: ...
+
     def commit(self, ops: list[Op]) -> None: ...
 
     def roll_back(self, ops: list[Op]) -> None: ...
@@ -45,6 +47,8 @@ class SourceHarness(Protocol):
     def rows(self, table: str) -> dict[int, dict[str, Any]]: ...
 
     def writer(self, seed: int, transactions: int, first_journal_id: int) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 def random_ops(rng: random.Random, journal_id: int) -> list[Op]:
@@ -120,6 +124,10 @@ class EmbeddedHarness:
             ({"kind": "nosuch", "database": self.path}, "'nosuch'"),
         ]
 
+    def unreachable_profile(self, folder: Path) -> tuple[dict[str, Any], str]:
+        missing = str(folder / "nowhere.db")
+        return {"kind": "embedded", "database": missing, "change_stream": "c"}, missing
+
     def commit(self, ops: list[Op]) -> None:
         _embedded_apply(self.database, ops).commit()
 
@@ -137,5 +145,135 @@ class EmbeddedHarness:
         return multiprocessing.get_context("spawn").Process(
             target=embedded_writer, args=(self.path, seed, transactions, first_journal_id))
 
+    def close(self) -> None:
+        self.database.close()
 
-HARNESSES: dict[str, type[Any]] = {"embedded": EmbeddedHarness}
+
+# ---- PostgreSQL -----------------------------------------------------------------------------
+
+POSTGRES_DDL = (
+    "CREATE TABLE accounts (id bigint PRIMARY KEY, owner text, balance bigint);"
+    "CREATE TABLE journal (id bigint PRIMARY KEY, note text)"
+)
+
+
+def _pg_statements(ops: list[Op]) -> list[tuple[Any, tuple[Any, ...]]]:
+    from psycopg2 import sql
+
+    statements = []
+    for kind, table, values in ops:
+        name, columns = sql.Identifier(table), list(values)
+        others = [c for c in columns if c != "id"]
+        if kind == "upsert":
+            update = sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(
+                sql.Identifier(c), sql.Identifier(c)) for c in others)
+            query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT (id) DO {}").format(
+                name, sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+                sql.SQL("UPDATE SET {}").format(update) if others else sql.SQL("NOTHING"))
+            statements.append((query, tuple(values.values())))
+        elif kind == "update":
+            query = sql.SQL("UPDATE {} SET {} WHERE id = %s").format(name, sql.SQL(", ").join(
+                sql.SQL("{} = %s").format(sql.Identifier(c)) for c in others))
+            statements.append((query, (*(values[c] for c in others), values["id"])))
+        else:
+            statements.append((sql.SQL("DELETE FROM {} WHERE id = %s").format(name),
+                               (values["id"],)))
+    return statements
+
+
+def _pg_connect(dsn: str, password: str) -> Any:
+    import psycopg2
+
+    return psycopg2.connect(dsn, password=password)
+
+
+def postgres_writer(dsn: str, password: str, seed: int, transactions: int,
+                    first_journal_id: int) -> None:
+    rng = random.Random(seed)
+    conn = _pg_connect(dsn, password)
+    for number in range(transactions):
+        with conn, conn.cursor() as cur:
+            for query, params in _pg_statements(random_ops(rng, first_journal_id + number)):
+                cur.execute(query, params)
+    conn.close()
+
+
+class PostgresHarness:
+    name = "postgres"
+
+    def setup(self, folder: Path) -> None:
+        import os
+
+        from cdcflow.localdb import LocalPostgres
+
+        self.server = LocalPostgres.start()
+        self.env = f"CDCFLOW_TEST_PG_{self.server.port}"
+        os.environ[self.env] = self.server.password
+        self.conn = _pg_connect(self.server.dsn(), self.server.password)
+        with self.conn, self.conn.cursor() as cur:
+            cur.execute(POSTGRES_DDL)
+
+    def object_name(self, table: str) -> str:
+        return f"public.{table}"
+
+    def source_profile(self) -> dict[str, Any]:
+        return {"kind": "postgres", "dsn": self.server.dsn(), "password_env": self.env,
+                "heartbeat_seconds": 1.0}
+
+    def bad_profiles(self) -> list[tuple[dict[str, Any], str]]:
+        dsn = self.server.dsn()
+        return [
+            ({"kind": "postgres"}, "dsn"),
+            ({"kind": "postgres", "dsn": dsn + " password=x"}, "holds a password"),
+            ({"kind": "postgres", "dsn": "postgresql://cdc:x@127.0.0.1/shop"}, "password"),
+            ({"kind": "postgres", "dsn": dsn, "slot": "Bad-Slot"}, "slot"),
+            ({"kind": "postgres", "dsn": dsn, "numeric_precision": {"a.b": [10, 2]}},
+             "schema.table.column"),
+            ({"kind": "postgres", "dsn": dsn, "wat": 1}, "wat"),
+        ]
+
+    def unreachable_profile(self, folder: Path) -> tuple[dict[str, Any], str]:
+        from cdcflow.localdb import free_port
+
+        port = free_port()  # nothing listens there
+        return ({"kind": "postgres", "dsn": f"host=127.0.0.1 port={port} dbname=shop user=cdc",
+                 "password_env": self.env}, f"cannot connect to PostgreSQL at 127.0.0.1:{port}")
+
+    def commit(self, ops: list[Op]) -> None:
+        with self.conn, self.conn.cursor() as cur:
+            for query, params in _pg_statements(ops):
+                cur.execute(query, params)
+
+    def roll_back(self, ops: list[Op]) -> None:
+        with self.conn.cursor() as cur:
+            for query, params in _pg_statements(ops):
+                cur.execute(query, params)
+        self.conn.rollback()
+
+    def add_column(self, table: str, column: str) -> None:
+        from psycopg2 import sql
+
+        with self.conn, self.conn.cursor() as cur:
+            cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} text").format(
+                sql.Identifier(table), sql.Identifier(column)))
+
+    def rows(self, table: str) -> dict[int, dict[str, Any]]:
+        from psycopg2 import sql
+        from psycopg2.extras import RealDictCursor
+
+        with self.conn, self.conn.cursor(cursor_factory=RealDictCursor) as cur:
+            cur.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
+            return {r["id"]: dict(r) for r in cur.fetchall()}
+
+    def writer(self, seed: int, transactions: int, first_journal_id: int) -> Any:
+        return multiprocessing.get_context("spawn").Process(
+            target=postgres_writer, args=(self.server.dsn(), self.server.password, seed,
+                                          transactions, first_journal_id))
+
+    def close(self) -> None:
+        self.conn.close()
+        self.server.stop()
+
+
+HARNESSES: dict[str, type[Any]] = {"embedded": EmbeddedHarness, "postgres": PostgresHarness}

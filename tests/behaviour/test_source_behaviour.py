@@ -14,12 +14,13 @@ A consumer's view is rebuilt from the source's snapshot and the change log read 
 
 from __future__ import annotations
 
-import json
+import multiprocessing
 import os
 import random
 import signal
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,11 @@ MARKER = 10**9
 
 
 @pytest.fixture(params=sorted(HARNESSES))
-def harness(request: pytest.FixtureRequest, tmp_path: Path) -> SourceHarness:
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SourceHarness]:
     made: SourceHarness = HARNESSES[request.param]()
     made.setup(tmp_path)
-    return made
+    yield made
+    made.close()
 
 
 def definition_of(harness: SourceHarness, tmp_path: Path) -> StreamDefinition:
@@ -61,7 +63,7 @@ class Consumer:
         self.backfilled_journal: set[int] = set()
         self.journal_inserts: Counter[int] = Counter()
 
-    def backfill(self, item: SourceObject, rows: list[dict[str, Any]]) -> None:
+    def backfill(self, item: SourceObject, rows: list[dict[str, Any]], after: Any) -> None:
         table = self.names[item.name]
         for row in rows:
             self.tables[table][row["id"]] = dict(row)
@@ -94,10 +96,8 @@ def start_capture(source: ChangeSource, definition: StreamDefinition, home: Path
     """A capture worker process for a source that has one (None otherwise)."""
     if not source.has_worker:
         return None
-    import multiprocessing
-
     process = multiprocessing.get_context("spawn").Process(
-        target=run_capture, args=(definition.model_dump_json(), str(home)))
+        target=run_capture, args=(definition.model_dump_json(), str(home / "catalog.db")))
     process.start()
     return process
 
@@ -129,12 +129,18 @@ def verify(harness: SourceHarness, consumer: Consumer) -> None:
     assert both == [], "a change is in the snapshot and in the log"
 
 
-def backfill(source: ChangeSource, consumer: Consumer, definition: StreamDefinition) -> Any:
+def snapshot_and_capture(source: ChangeSource, definition: StreamDefinition,
+                         home: Path) -> tuple[Any, Any, list[SourceObject]]:
+    """The snapshot (setting up capture from it), then the capture worker if any."""
     objects = [o for o in source.discover() if definition.selects(o.name)]
-    snapshot = source.snapshot(None)
+    snapshot = source.snapshot(objects, None)
+    return snapshot, start_capture(source, definition, home), objects
+
+
+def backfill(source: ChangeSource, consumer: Consumer, snapshot: Any,
+             objects: list[SourceObject]) -> None:
     source.backfill(snapshot, objects, consumer.backfill)
     source.release(snapshot)
-    return snapshot
 
 
 def test_backfill_and_cdc_hand_off_under_concurrent_writers(harness: SourceHarness,
@@ -149,8 +155,8 @@ def test_backfill_and_cdc_hand_off_under_concurrent_writers(harness: SourceHarne
         assert time.monotonic() < deadline
         time.sleep(0.02)
     consumer = Consumer(harness)
-    capture = start_capture(source, definition, tmp_path / "home")
-    snapshot = backfill(source, consumer, definition)
+    snapshot, capture, objects = snapshot_and_capture(source, definition, tmp_path / "home")
+    backfill(source, consumer, snapshot, objects)
     for writer in writers:
         writer.join(timeout=300)
         assert writer.exitcode == 0
@@ -170,9 +176,9 @@ def test_killed_at_random_points_then_resumed_loses_and_doubles_nothing(
     home = tmp_path / "home"
     source = open_source(definition, home)
     consumer = Consumer(harness)
-    snapshot = backfill(source, consumer, definition)
+    snapshot, capture, objects = snapshot_and_capture(source, definition, home)
+    backfill(source, consumer, snapshot, objects)
     rng = random.Random(5)
-    capture = start_capture(source, definition, home)
     for round_number in range(8):
         writer = harness.writer(round_number + 10, 400, (round_number + 1) * 100_000)
         before = len(harness.rows("journal"))
@@ -200,9 +206,9 @@ def test_rolled_back_transactions_never_appear(harness: SourceHarness, tmp_path:
     definition = definition_of(harness, tmp_path)
     source = open_source(definition, tmp_path / "home")
     consumer = Consumer(harness)
-    capture = start_capture(source, definition, tmp_path / "home")
     harness.commit([("upsert", "accounts", {"id": 1, "owner": "a", "balance": 10})])
-    snapshot = backfill(source, consumer, definition)
+    snapshot, capture, objects = snapshot_and_capture(source, definition, tmp_path / "home")
+    backfill(source, consumer, snapshot, objects)
     harness.roll_back([("upsert", "journal", {"id": 7, "note": "never"}),
                        ("update", "accounts", {"id": 1, "balance": 99}),
                        ("upsert", "accounts", {"id": 2, "owner": "x", "balance": 1})])
@@ -221,10 +227,10 @@ def test_add_column_mid_stream(harness: SourceHarness, tmp_path: Path):
     definition = definition_of(harness, tmp_path)
     source = open_source(definition, tmp_path / "home")
     consumer = Consumer(harness)
-    capture = start_capture(source, definition, tmp_path / "home")
     harness.commit([("upsert", "accounts", {"id": i, "owner": "a", "balance": i})
                     for i in range(5)])
-    snapshot = backfill(source, consumer, definition)
+    snapshot, capture, objects = snapshot_and_capture(source, definition, tmp_path / "home")
+    backfill(source, consumer, snapshot, objects)
     harness.commit([("update", "accounts", {"id": 1, "balance": 100})])
     harness.add_column("accounts", "nickname")
     harness.commit([("upsert", "accounts", {"id": 9, "owner": "n", "balance": 9,
@@ -247,12 +253,9 @@ def test_bad_definitions_give_typed_errors(harness: SourceHarness, tmp_path: Pat
             StreamDefinition.parse({"name": "s", "source": profile,
                                     "destinations": [{"kind": "event_files", "root": "e"}]})
         assert needle in str(raised.value), (profile, str(raised.value))
-    missing = json.loads(json.dumps(harness.source_profile()))
-    for key, value in missing.items():  # a source that is not there
-        if key != "kind" and isinstance(value, str):
-            missing[key] = str(tmp_path / "nowhere" / "x.db") if "/" in value else "nowhere"
-    definition = StreamDefinition.parse({"name": "s", "source": missing,
+    profile, needle = harness.unreachable_profile(tmp_path)
+    definition = StreamDefinition.parse({"name": "s", "source": profile,
                                          "destinations": [{"kind": "event_files", "root": "e"}]})
     with pytest.raises(CdcflowError) as raised:
         open_source(definition, tmp_path / "home").discover()
-    assert "nowhere" in str(raised.value)
+    assert needle in str(raised.value)

@@ -57,7 +57,7 @@ class EmbeddedSource:
     def log_location(self) -> tuple[str, str]:
         return self.database.path, self.change_stream
 
-    def snapshot(self, resume: dict[str, Any] | None) -> Snapshot:
+    def snapshot(self, objects: list[SourceObject], resume: dict[str, Any] | None) -> Snapshot:
         """The safe time now, or an earlier attempt's snapshot time; pinned in the database
         (its row versions are kept) until `release`."""
         when = (self.database.current_timestamp() if resume is None
@@ -68,12 +68,31 @@ class EmbeddedSource:
     def release(self, snapshot: Snapshot) -> None:
         self.database.release_snapshot(self.source_id)
 
-    def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink) -> None:
+    def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink,
+                 resume: dict[str, Any] | None = None) -> None:
+        """Rows in the order of their encoded keys; a resume token is the last key's text."""
         for item in objects:
-            rows = self.database.scan(item.name, read_timestamp=snapshot.read_timestamp)
+            after = (resume or {}).get(item.name)
+            if after == "done":
+                continue
+            schema = self.database.table_schema(item.name)
+            keyed = [(schema.encode_key(schema.key_of(r)), r) for r in
+                     self.database.scan(item.name, read_timestamp=snapshot.read_timestamp)]
+            keyed = [pair for pair in keyed if after is None or pair[0] > after]
             names = [c.name for c in item.columns]
-            for start in range(0, len(rows), _CHUNK_ROWS):
-                sink(item, [{n: r[n] for n in names} for r in rows[start:start + _CHUNK_ROWS]])
+            for start in range(0, len(keyed), _CHUNK_ROWS):
+                chunk = keyed[start:start + _CHUNK_ROWS]
+                sink(item, [{n: r[n] for n in names} for _, r in chunk], chunk[-1][0])
+
+    def remove(self) -> None:
+        """Nothing to drop: the change stream belongs to the database."""
+
+    def mark(self) -> Any:
+        """The safe time: every commit before it is in the log already."""
+        return to_micros(self.database.current_timestamp())
+
+    def reached(self, log: ChangeLog, mark: Any) -> bool:
+        return True
 
     def capture(self, log: ChangeLog, stop: threading.Event) -> None:
         raise FailedPrecondition("the embedded source has no capture worker: its commits "

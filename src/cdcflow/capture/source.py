@@ -78,8 +78,9 @@ class Snapshot:
     cdc_start: datetime
 
 
-RowSink = Callable[[SourceObject, list[dict[str, Any]]], None]
-"""Takes a chunk of an object's snapshot rows (Python values, every column)."""
+RowSink = Callable[[SourceObject, list[dict[str, Any]], Any], None]
+"""Takes a chunk of an object's snapshot rows (Python values, every column) and the resume
+token after it (JSON; None when the object's read cannot resume midway)."""
 
 
 class ChangeSource(Protocol):
@@ -97,22 +98,37 @@ class ChangeSource(Protocol):
         """(change-log path, change stream) that the pipeline reads."""
         ...
 
-    def snapshot(self, resume: dict[str, Any] | None) -> Snapshot:
-        """Fix the snapshot to backfill from; `resume` is the position of an earlier attempt's
-        snapshot, to be used again when the source still can."""
+    def snapshot(self, objects: list[SourceObject], resume: dict[str, Any] | None) -> Snapshot:
+        """Fix the snapshot to backfill `objects` from (and set up the capture of their
+        changes from that point); `resume` is the position of an earlier attempt's snapshot,
+        to be continued."""
         ...
 
     def release(self, snapshot: Snapshot) -> None:
         """The backfill of `snapshot` is done: let go of what kept it readable."""
         ...
 
-    def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink) -> None:
-        """Read `objects` as of `snapshot` into `sink`, in chunks, in the same order every
-        time (so a repeated backfill repeats its chunks)."""
+    def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink,
+                 resume: dict[str, Any] | None = None) -> None:
+        """Read `objects` as of `snapshot` into `sink`, in chunks in key order. `resume` maps
+        an object to the token after its last chunk written (go on from there) or "done"
+        (skip it)."""
         ...
 
     def capture(self, log: ChangeLog, stop: threading.Event) -> None:
         """Append committed source transactions to `log` until `stop` is set (worker only)."""
+        ...
+
+    def mark(self) -> Any:
+        """Worker only: a marker in the source's change stream now (its position)."""
+        ...
+
+    def reached(self, log: ChangeLog, mark: Any) -> bool:
+        """Worker only: whether the capture has appended everything before `mark`."""
+        ...
+
+    def remove(self) -> None:
+        """Drop what the source keeps on the server for this stream (a slot, a publication)."""
         ...
 
     def close(self) -> None:

@@ -15,10 +15,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cdcflow.capture.postgres.connection import describe_dsn
 from cdcflow.errors import CdcflowError
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.definition import EmbeddedSource, PostgresSource, StreamDefinition
 from cdcflow.streams.discovery import discover_definition, discover_embedded
+from cdcflow.streams.sources import remove_source
+from cdcflow.streams.states import check_deletable
 
 DEFAULT_CATALOG = "cdcflow-catalog.db"
 
@@ -48,8 +51,12 @@ def _errors(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def source_label(definition: StreamDefinition) -> str:
-    source = definition.source
-    return f"{source.kind}: {source.database} / {source.change_stream}"
+    match definition.source:
+        case EmbeddedSource(database=database, change_stream=change_stream):
+            return f"embedded: {database} / {change_stream}"
+        case PostgresSource(dsn=dsn):
+            return f"postgres: {describe_dsn(dsn)}"
+    raise AssertionError(definition.source)
 
 
 def _catalog(ctx: click.Context) -> Catalog:
@@ -128,13 +135,20 @@ _action("reset", "reset", "Return a FAILED_PERMANENTLY stream to NOT_STARTED.")
 
 @streams.command()
 @click.argument("name")
+@click.option("--keep-slot", is_flag=True,
+              help="Keep the source's replication slot and publication.")
 @json_option
 @click.pass_context
 @_errors
-def delete(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Delete a stream that is not running."""
-    _catalog(ctx).delete(name)
-    _emit(as_json, {"name": name, "deleted": True}, f"deleted {name}")
+def delete(ctx: click.Context, name: str, keep_slot: bool, as_json: bool) -> None:
+    """Delete a stream that is not running (and its slot and publication, for PostgreSQL)."""
+    catalog = _catalog(ctx)
+    record = catalog.get(name)
+    check_deletable(record.state)
+    if not keep_slot:
+        remove_source(record.definition, Path(catalog.path).resolve().parent)
+    catalog.delete(name)
+    _emit(as_json, {"name": name, "deleted": True, "kept_slot": keep_slot}, f"deleted {name}")
 
 
 @streams.command()

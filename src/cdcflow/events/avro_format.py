@@ -3,7 +3,8 @@ values by column position and the Avro schema in the file header names them and 
 unified types. Every column type of the embedded database maps:
 
 INT64 long, FLOAT64 double, BOOL boolean, STRING string, BYTES bytes, DATE int/date,
-TIMESTAMP long/timestamp-micros, NUMERIC bytes/decimal(38, 9), JSON string (JSON text),
+TIMESTAMP long/timestamp-micros, NUMERIC bytes/decimal (38, 9 by default, or the column's
+own precision and scale), JSON string (JSON text),
 ARRAY<T> array of nullable T; every column is nullable.
 """
 
@@ -53,7 +54,9 @@ def _avro_type(ctype: ColumnType) -> Any:
         case "TIMESTAMP":
             return {"type": "long", "logicalType": "timestamp-micros"}
         case "NUMERIC":
-            return {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 9}
+            integer, scale = ctype.numeric_digits
+            return {"type": "bytes", "logicalType": "decimal", "precision": integer + scale,
+                    "scale": scale}
         case _:
             return "string"
 
@@ -96,7 +99,7 @@ def _to_avro(value: Any, ctype: ColumnType) -> Any:
     if ctype.code == "JSON":
         return json.dumps(value, sort_keys=True)
     if ctype.code == "NUMERIC":
-        return Decimal(value).quantize(Decimal("0.000000001"))
+        return Decimal(value).quantize(Decimal(1).scaleb(-ctype.numeric_digits[1]))
     if ctype.code == "ARRAY":
         assert ctype.element is not None
         return [_to_avro(v, ctype.element) for v in value]

@@ -96,11 +96,14 @@ def _log_order(change: ChangeContext) -> SortKeys:
 
 
 def _postgres_order(change: ChangeContext) -> SortKeys:
-    """EV-6: (source_timestamp, lsn), the LSN of the change itself."""
+    """EV-6: (source_timestamp, lsn), the LSN of the change itself; a third element `part`
+    orders the changes one message made (the DELETE and INSERT of a moved key)."""
     lsn = change.position.get("lsn")
     if not isinstance(lsn, str):
         raise InvalidArgument(f"a PostgreSQL change needs an 'lsn' position, got {lsn!r}")
-    return (to_micros(change.metadata.source_timestamp), lsn_number(lsn))
+    keys: SortKeys = (to_micros(change.metadata.source_timestamp), lsn_number(lsn))
+    part = change.position.get("part")
+    return keys if part is None else (*keys, int(part))
 
 
 def _mysql_order(change: ChangeContext) -> SortKeys:

@@ -50,24 +50,39 @@ COMMIT_TIMESTAMP: Final = CommitTimestampPlaceholder()
 
 @dataclass(frozen=True, slots=True)
 class ColumnType:
-    """A column type: a scalar code, a length for STRING/BYTES (None = MAX), or an ARRAY element."""
+    """A column type: a scalar code, a length for STRING/BYTES (None = MAX), an ARRAY
+    element, or a NUMERIC's precision and scale (None: the default NUMERIC, 38 digits with
+    9 after the point, as Spanner's)."""
 
     code: str
     length: int | None = None
     element: ColumnType | None = None
+    precision: int | None = None
+    scale: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The Spanner API type structure, e.g. {"code": "STRING"}; arrays nest their element."""
+        """The Spanner API type structure, e.g. {"code": "STRING"}; arrays nest their element;
+        a NUMERIC with its own precision adds `precision` and `scale`."""
         if self.code == "ARRAY":
             assert self.element is not None
             return {"code": "ARRAY", "array_element_type": self.element.to_json()}
+        if self.precision is not None:
+            return {"code": self.code, "precision": self.precision, "scale": self.scale}
         return {"code": self.code}
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> ColumnType:
         if data["code"] == "ARRAY":
             return ColumnType("ARRAY", element=ColumnType.from_json(data["array_element_type"]))
-        return ColumnType(str(data["code"]))
+        return ColumnType(str(data["code"]), precision=data.get("precision"),
+                          scale=data.get("scale"))
+
+    @property
+    def numeric_digits(self) -> tuple[int, int]:
+        """(integer digits, fractional digits) a NUMERIC holds."""
+        if self.precision is None:
+            return _NUMERIC_MAX_INTEGER_DIGITS, _NUMERIC_MAX_SCALE
+        return self.precision - (self.scale or 0), self.scale or 0
 
     def ddl(self) -> str:
         """The type as DDL text, e.g. STRING(MAX) or ARRAY<INT64>."""
@@ -76,6 +91,8 @@ class ColumnType:
             return f"ARRAY<{self.element.ddl()}>"
         if self.code in ("STRING", "BYTES"):
             return f"{self.code}({'MAX' if self.length is None else self.length})"
+        if self.precision is not None:
+            return f"{self.code}({self.precision}, {self.scale})"
         return self.code
 
 
@@ -172,10 +189,13 @@ def _check_numeric(value: Any, ctype: ColumnType, column: str) -> Decimal:
     assert isinstance(exponent, int)
     scale = max(0, -exponent)
     integer_digits = max(0, len(digits) + exponent)
-    if scale > _NUMERIC_MAX_SCALE or integer_digits > _NUMERIC_MAX_INTEGER_DIGITS:
-        raise _mismatch(
-            value, ctype, column, "NUMERIC has at most 29 integer digits and 9 fractional digits"
-        )
+    most_integer, most_scale = ctype.numeric_digits
+    if scale > most_scale and number != number.quantize(Decimal(1).scaleb(-most_scale)):
+        raise _mismatch(value, ctype, column, f"{ctype.ddl()} has at most {most_scale} "
+                                              "fractional digits; cdcflow does not round")
+    if integer_digits > most_integer:
+        raise _mismatch(value, ctype, column, f"{ctype.ddl()} has at most {most_integer} "
+                                              "integer digits")
     return number
 
 

@@ -68,7 +68,8 @@ def _spark_type(ctype: ColumnType) -> str:
         case "BYTES":
             return "BINARY"
         case "NUMERIC":
-            return "DECIMAL(38,9)"
+            integer, scale = ctype.numeric_digits
+            return f"DECIMAL({integer + scale},{scale})"
         case "STRING" | "JSON":
             return "STRING"
         case _:

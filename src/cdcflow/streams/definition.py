@@ -7,7 +7,14 @@ import fnmatch
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from cdcflow.errors import InvalidArgument
 
@@ -23,7 +30,44 @@ class EmbeddedSource(BaseModel):
     change_stream: str
 
 
-Source = Annotated[EmbeddedSource, Field(discriminator="kind")]
+_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
+
+
+class PostgresSource(BaseModel):
+    """A PostgreSQL database through logical replication (pgoutput)."""
+
+    model_config = _FROZEN
+    kind: Literal["postgres"]
+    dsn: str
+    password_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    slot: str | None = Field(default=None, pattern=_NAME)
+    publication: str | None = Field(default=None, pattern=_NAME)
+    heartbeat_seconds: float = Field(default=10.0, gt=0)
+    primary_keys: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    numeric_precision: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    retained_wal_warning_mb: float = Field(default=1024.0, gt=0)
+
+    @field_validator("dsn")
+    @classmethod
+    def _no_password(cls, dsn: str) -> str:
+        from cdcflow.capture.postgres.connection import check_dsn
+
+        try:
+            return check_dsn(dsn)
+        except InvalidArgument as error:
+            raise ValueError(str(error)) from None
+
+    @field_validator("numeric_precision")
+    @classmethod
+    def _precisions(cls, value: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        for column, (precision, scale) in value.items():
+            if column.count(".") != 2 or not 1 <= precision <= 38 or not 0 <= scale <= precision:
+                raise ValueError(f"{column}: [{precision}, {scale}] needs schema.table.column "
+                                 "and 1 <= scale <= precision <= 38")
+        return value
+
+
+Source = Annotated[EmbeddedSource | PostgresSource, Field(discriminator="kind")]
 """Every kind of source, told apart by `kind` (a definition without one is `embedded`)."""
 
 
@@ -78,6 +122,10 @@ class StreamDefinition(BaseModel):
         if isinstance(source, dict) and "kind" not in source:
             return data | {"source": source | {"kind": "embedded"}}
         return data
+
+    def slot_name(self) -> str:
+        """The replication slot (and publication) name: given, or cdcflow_<stream name>."""
+        return f"cdcflow_{self.name.lower().replace('-', '_')}"
 
     def selects(self, object_name: str) -> bool:
         included = any(fnmatch.fnmatchcase(object_name, p) for p in self.include)

@@ -14,6 +14,7 @@ in the catalog, so a restarted runner resumes every RUNNING stream from its chec
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,8 +176,11 @@ class Runner:
         try:
             worker.setup = None
             setup = self._setup(record, worker)
-            self._ensure_capture(setup)
-            if "cdc_start" not in self.catalog.status(name):
+            for object_name in setup.keyless:
+                self.catalog.record_error(name, object_name, (
+                    f"{object_name} has no primary key: its changes go to event files only, "
+                    "not to a CDC table; name its key columns in the source's primary_keys"))
+            if "cdc_start" not in self.catalog.status(name):  # the worker starts after this
                 run_backfill(setup, self.catalog, self.clock)
             self.catalog.act(name, "started")
         except Exception as error:
@@ -186,7 +190,7 @@ class Runner:
         if setup.source.has_worker:
             definition = setup.definition
             self.capture.ensure(definition.name, run_capture,
-                                (definition.model_dump_json(), str(self.home)))
+                                (definition.model_dump_json(), self.catalog.path))
 
     def _keep_running(self, record: StreamRecord, worker: Worker) -> None:
         setup = self._setup(record, worker)
@@ -277,7 +281,7 @@ class Runner:
         worker = self.workers[name]
         try:
             setup = self._setup(record, worker)
-            self.capture.stop(name)  # the log holds all the worker captured
+            self._catch_up_capture(setup)
             log_path, _ = setup.source.log_location()
             target = to_micros(open_log(log_path).current_timestamp())
             if worker.query is not None and worker.query.exception() is not None:
@@ -293,6 +297,22 @@ class Runner:
             self.catalog.act(name, "drained")
         except Exception as error:
             self._fail(name, "*", error)
+
+    def _catch_up_capture(self, setup: StreamSetup, seconds: float = 600.0) -> None:
+        """A drain first lets the capture worker append everything the source committed
+        before the drain began, then stops it."""
+        if not setup.source.has_worker:
+            return
+        log_path, _ = setup.source.log_location()
+        log, mark = open_log(log_path), setup.source.mark()
+        deadline = self._now() + seconds
+        while not setup.source.reached(log, mark):
+            if self._now() > deadline:
+                raise FailedPrecondition(f"the capture worker did not reach the drain's mark "
+                                         f"{mark} within {seconds:.0f} s")
+            self._ensure_capture(setup)
+            time.sleep(0.1)
+        self.capture.stop(setup.definition.name)
 
     # ---- reports from the applier and the capture workers ---------------------------------
 

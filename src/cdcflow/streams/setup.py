@@ -29,13 +29,16 @@ DEFAULT_APPLY_SECONDS = 10.0
 
 @dataclass(slots=True)
 class StreamSetup:
-    """A stream's source, objects (by name), tables (object -> root) and batch plan."""
+    """A stream's source, objects (by name), tables (object -> root) and batch plan.
+    `keyless` are the objects a CDC-table destination cannot hold (no primary key, none given
+    in the definition): their changes go to event files only."""
 
     definition: Definition
     source: ChangeSource
     objects: dict[str, SourceObject]
     tables: dict[str, str]
     plan: BatchPlan
+    keyless: tuple[str, ...] = ()
 
     @property
     def apply_seconds(self) -> float:
@@ -94,4 +97,6 @@ def prepare_stream(definition: Definition, home: Path) -> StreamSetup:
     label = source.log_location()[0]
     plan = BatchPlan(definition.name, label, tuple(objects), tables,
                      f"stream:{definition.name}", events_plan(definition))
-    return StreamSetup(definition, source, objects, tables, plan)
+    keyless = tuple(sorted(o for o in objects if o not in tables)) \
+        if cdc_destination(definition) is not None else ()
+    return StreamSetup(definition, source, objects, tables, plan, keyless)

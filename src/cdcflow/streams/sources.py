@@ -2,17 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from cdcflow.capture.embedded import EmbeddedSource as EmbeddedChangeSource
+from cdcflow.capture.postgres.source import PostgresConfig
+from cdcflow.capture.postgres.source import PostgresSource as PostgresChangeSource
 from cdcflow.capture.source import ChangeSource
-from cdcflow.streams.definition import EmbeddedSource, StreamDefinition
+from cdcflow.streams.definition import EmbeddedSource, PostgresSource, StreamDefinition
+
+Report = Callable[[str, str], None]
 
 
-def open_source(definition: StreamDefinition, home: str | Path) -> ChangeSource:
-    """The source of a stream; `home` is the catalog's folder, where external sources keep
-    their change logs (`<home>/logs/<stream>.db`)."""
+def log_path(definition: StreamDefinition, home: str | Path) -> str:
+    """Where an external source's change log lives: `<home>/logs/<stream>.db`."""
+    return str(Path(home).resolve() / "logs" / f"{definition.name}.db")
+
+
+def open_source(definition: StreamDefinition, home: str | Path,
+                report: Report | None = None) -> ChangeSource:
+    """The source of a stream; `home` is the catalog's folder; `report(object, message)`
+    hears of problems a capture worker meets (a TRUNCATE, say)."""
     match definition.source:
         case EmbeddedSource(database=database, change_stream=change_stream):
             return EmbeddedChangeSource(database, change_stream)
+        case PostgresSource() as source:
+            default = definition.slot_name()
+            return PostgresChangeSource(PostgresConfig(
+                source.dsn, source.password_env, source.slot or default,
+                source.publication or default, log_path(definition, home),
+                definition.include, definition.exclude, source.heartbeat_seconds,
+                dict(source.primary_keys), dict(source.numeric_precision)), report=report)
     raise AssertionError(f"unhandled source {definition.source!r}")
+
+
+def remove_source(definition: StreamDefinition, home: str | Path) -> None:
+    """Drop what a stream's source keeps on its server (a PostgreSQL slot and publication);
+    the embedded database keeps nothing for a stream."""
+    if isinstance(definition.source, EmbeddedSource):
+        return
+    source = open_source(definition, home)
+    try:
+        source.remove()
+    finally:
+        source.close()

@@ -22,16 +22,23 @@ from typing import Any
 from cdcflow.clock import Clock
 from cdcflow.model.timestamps import format_rfc3339, to_micros
 from cdcflow.store.changelog import ChangeLog
+from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.sources import open_source
 
 _CONTEXT = multiprocessing.get_context("spawn")
 
 
-def run_capture(definition_json: str, home: str) -> None:
-    """The body of a capture worker process: capture until SIGTERM."""
+def run_capture(definition_json: str, catalog_path: str) -> None:
+    """The body of a capture worker process: capture until SIGTERM. Problems the source
+    reports (a TRUNCATE, say) go to the stream's errors in the catalog."""
     definition = StreamDefinition.parse(json.loads(definition_json))
-    source = open_source(definition, home)
+    catalog = Catalog(catalog_path)
+
+    def report(object_name: str, message: str) -> None:
+        catalog.record_error(definition.name, object_name, message)
+
+    source = open_source(definition, Path(catalog_path).resolve().parent, report)
     path, change_stream = source.log_location()
     log = ChangeLog.open(path)
     log.ensure_change_stream(change_stream)

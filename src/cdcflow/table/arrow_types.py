@@ -28,6 +28,8 @@ def arrow_type(ctype: ColumnType) -> Any:
         case "BYTES":
             return pa.binary()
         case "NUMERIC":
+            if ctype.precision is not None:
+                return pa.decimal128(ctype.precision, ctype.scale or 0)
             return pa.decimal128(38, 9)
         case "DATE":
             return pa.date32()

@@ -11,7 +11,7 @@ are processed in order, so that row reflects every earlier batch.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
@@ -95,23 +95,51 @@ def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]]
         table = tables.get(table_name)
         first_types = _types_of(next(iter(keyed.values()))[0])
         key_names = [n for n, info in first_types.items() if info.is_primary_key]
-        wanted = [tuple(python_row(first_types, json.loads(group[0]["keys"]))[n]
-                        for n in key_names)
-                  for group in keyed.values() if _needs_base(group[0])]
+        def key_of(values: dict[str, Any], types: dict[str, ColumnTypeInfo] = first_types,
+                   names: list[str] = key_names) -> tuple[Any, ...]:
+            row = python_row(types, values)
+            return tuple(row[n] for n in names)
+
+        wanted = [key_of(json.loads(group[0]["keys"])) for group in keyed.values()
+                  if _needs_base(group[0])]
+        wanted += [key_of(moved) for group in keyed.values() for mod in group
+                   if (moved := _moved_from(mod)) is not None]
         base = table.lookup(wanted) if table is not None and key_names else {}
-        columns = table.schema.names if table is not None else None
-        for group in keyed.values():
-            folded.append(_fold_key(table_name, group, key_names, base, columns))
+        context = _Context(key_names, base, table.schema.names if table is not None else None)
+        for group in keyed.values():  # in the order of their first mods
+            folded.append(_fold_key(table_name, group, context))
     return folded
 
 
-def _fold_key(table: str, group: list[dict[str, Any]], key_names: list[str],
-              base: dict[tuple[Any, ...], dict[str, Any]], columns: list[str] | None
-              ) -> FoldedKey:
+@dataclass(slots=True)
+class _Context:
+    """One table's fold: its key columns, the rows before the batch, its columns, and the
+    rows deleted so far in this batch (by key), for rows whose key an UPDATE moved."""
+
+    key_names: list[str]
+    base: dict[tuple[Any, ...], dict[str, Any]]
+    columns: list[str] | None
+    deleted: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+
+    def key(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(row[n] for n in self.key_names)
+
+
+def _moved_from(mod: dict[str, Any]) -> dict[str, Any] | None:
+    """The old keys of a row an UPDATE moved to a new key, when the INSERT at the new key
+    lacks columns (values the source did not send again, as PostgreSQL's unchanged TOAST)."""
+    if mod["mod_type"] != "INSERT" or mod["value_capture_type"] in _FULL_ROW:
+        return None
+    moved: dict[str, Any] | None = json.loads(mod.get("source_metadata") or "{}").get(
+        "moved_from")
+    return moved
+
+
+def _fold_key(table: str, group: list[dict[str, Any]], context: _Context) -> FoldedKey:
     types = _types_of(group[-1])
-    names = list(dict.fromkeys([*(columns or ()), *types]))
+    names = list(dict.fromkeys([*(context.columns or ()), *types]))
     keys = python_row(types, json.loads(group[0]["keys"]))
-    state: dict[str, Any] | None = base.get(tuple(keys[n] for n in key_names))
+    state: dict[str, Any] | None = context.base.get(context.key(keys))
     rows = []
     for mod in group:
         new = python_row(types, json.loads(mod["new_values"]))
@@ -119,14 +147,27 @@ def _fold_key(table: str, group: list[dict[str, Any]], key_names: list[str],
         if mod["mod_type"] == "DELETE":
             old = python_row(types, json.loads(mod["old_values"]))
             rows.append(empty | (state or {}) | old | keys)
+            context.deleted[context.key(keys)] = rows[-1]
             state = None
+        elif (moved := _moved_from(mod)) is not None:
+            old_key = context.key(python_row(types, moved))
+            before = context.deleted.get(old_key) or context.base.get(old_key) or {}
+            kept = {k: v for k, v in before.items() if k not in context.key_names}
+            state = empty | _current(kept, types) | keys | new
+            rows.append(state)
         elif mod["mod_type"] == "INSERT" or mod["value_capture_type"] in _FULL_ROW:
             state = empty | keys | new
             rows.append(state)
         else:
-            state = empty | (state or {}) | keys | new
+            state = empty | _current(state or {}, types) | keys | new
             rows.append(state)
     return FoldedKey(table, keys, group, rows, state)
+
+
+def _current(row: dict[str, Any], types: dict[str, ColumnTypeInfo]) -> dict[str, Any]:
+    """The values of the columns the change's table has now: a column the source dropped is
+    NULL from its first change after the drop on (the table keeps the column)."""
+    return {k: v for k, v in row.items() if k in types}
 
 
 def sequence_of(mod: dict[str, Any]) -> str:

@@ -1,0 +1,1 @@
+"""PostgreSQL as a source: logical decoding with pgoutput into the change log."""

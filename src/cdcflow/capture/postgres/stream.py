@@ -1,0 +1,168 @@
+"""The capture loop: a replication slot's pgoutput stream into the change log.
+
+Each committed transaction is appended with the source position after it, `{"commit_lsn",
+"end_lsn"}`, in one log transaction; only then is its end LSN confirmed to the server
+(`send_feedback`). A restart streams from the stored end LSN and skips every transaction
+whose commit LSN is not past the stored one, so none is appended twice. (Several messages can
+share an LSN, as BEGIN does with the first change: transactions are told apart by their
+commit LSN, never by a change's LSN.)
+
+WAL must not pile up while the published tables are idle: every `heartbeat_seconds` with
+nothing in flight the loop emits a non-transactional logical message (`pg_logical_emit_message`)
+and confirms its LSN when it comes back, since every transaction that committed before it
+has been seen by then.
+"""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdcflow.capture.postgres import pgoutput
+from cdcflow.capture.postgres.catalog import TypeCache, primary_key
+from cdcflow.capture.postgres.changes import RelationShape, to_changes
+from cdcflow.capture.postgres.connection import typed
+from cdcflow.capture.postgres.types import converter, unified_type
+from cdcflow.model.changes import SourceChange, SourceTransaction
+from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.model.source import POSTGRES, SourceMetadata, lsn_number
+from cdcflow.model.timestamps import from_micros
+from cdcflow.store.changelog import ChangeLog
+
+HEARTBEAT_PREFIX = "cdcflow-heartbeat"
+
+
+@dataclass(slots=True)
+class Settings:
+    """What the loop needs besides its connections."""
+
+    source_id: str
+    slot: str
+    publication: str
+    heartbeat_seconds: float
+    selected: Callable[[str], bool]
+    primary_keys: dict[str, tuple[str, ...]]
+    numeric: dict[str, tuple[int, int]]
+    report: Callable[[str, str], None]
+    """(object, message): a problem to show in `streams errors` (a TRUNCATE, say)."""
+
+
+@dataclass(slots=True)
+class _Transaction:
+    begin: pgoutput.Begin
+    changes: list[SourceChange] = field(default_factory=list)
+
+
+class CaptureLoop:
+    """One run of the loop; `run(stop)` returns when `stop` is set."""
+
+    def __init__(self, settings: Settings, log: ChangeLog, replication: Any, sql: Any) -> None:
+        self.settings, self.log, self.replication, self.sql = settings, log, replication, sql
+        self.cursor = replication.cursor()
+        self.types = TypeCache()
+        self.shapes: dict[int, RelationShape | None] = {}
+        self.transaction: _Transaction | None = None
+        stored = log.position(settings.source_id)
+        self.after: dict[str, Any] | None = None if stored is None else stored.position
+        self.last_commit = 0 if self.after is None else lsn_number(self.after["commit_lsn"])
+        self.heartbeat_due = time.monotonic() + settings.heartbeat_seconds
+
+    def run(self, stop: threading.Event) -> None:
+        start = 0 if self.after is None else lsn_number(self.after["end_lsn"])
+        try:
+            self.cursor.start_replication(
+                slot_name=self.settings.slot, decode=False, start_lsn=start,
+                options={"proto_version": "1", "publication_names": self.settings.publication,
+                         "messages": "true"})
+        except Exception as error:
+            raise typed(error, f"starting replication from slot {self.settings.slot!r}") \
+                from None
+        while not stop.is_set():
+            message = self.cursor.read_message()
+            if message is None:
+                self._idle()
+                continue
+            self._handle(pgoutput.decode(message.payload), message.data_start)
+
+    def _idle(self) -> None:
+        if self.transaction is None and time.monotonic() >= self.heartbeat_due:
+            with self.sql.cursor() as cur:
+                cur.execute("SELECT pg_logical_emit_message(false, %s, now()::text)",
+                            (HEARTBEAT_PREFIX,))
+            self.heartbeat_due = time.monotonic() + self.settings.heartbeat_seconds
+        select.select([self.cursor], [], [], 0.2)
+
+    def _handle(self, message: pgoutput.PgMessage, lsn: int) -> None:
+        match message:
+            case pgoutput.Begin():
+                self.transaction = _Transaction(message)
+            case pgoutput.Relation():
+                self.shapes[message.relation_id] = self._shape(message)
+            case pgoutput.Insert() | pgoutput.Update() | pgoutput.Delete():
+                shape = self.shapes.get(message.relation_id)
+                if shape is not None and self.transaction is not None:
+                    self.transaction.changes += to_changes(shape, message, lsn)
+            case pgoutput.Truncate():
+                self._truncated(message)
+            case pgoutput.Message(prefix=prefix, transactional=False) \
+                    if prefix == HEARTBEAT_PREFIX and self.transaction is None:
+                self._heartbeat(message.lsn)
+            case pgoutput.Commit():
+                self._commit(message)
+
+    def _shape(self, relation: pgoutput.Relation) -> RelationShape | None:
+        name = f"{relation.namespace}.{relation.name}"
+        if not self.settings.selected(name):
+            return None
+        self.types.load(self.sql, {c.type_oid for c in relation.columns})
+        keys = self.settings.primary_keys.get(name) or primary_key(self.sql,
+                                                                   relation.relation_id)
+        types = [unified_type(self.types.pg_type(c.type_oid), c.type_modifier,
+                              self.settings.numeric.get(f"{name}.{c.name}"))
+                 for c in relation.columns]
+        column_types = tuple(ColumnTypeInfo(c.name, t, c.name in keys, i)
+                             for i, (c, t) in enumerate(zip(relation.columns, types,
+                                                            strict=True), start=1))
+        return RelationShape(name, tuple(c.name for c in relation.columns),
+                             tuple(converter(t) for t in types), column_types, keys)
+
+    def _heartbeat(self, lsn: int) -> None:
+        """Every transaction that committed before this message is in the log: resume from
+        here after a restart, and let the server free the WAL before it."""
+        if self.after is not None and lsn <= lsn_number(self.after["end_lsn"]):
+            return
+        position = {"commit_lsn": pgoutput.lsn_text(self.last_commit),
+                    "end_lsn": pgoutput.lsn_text(lsn)}
+        self.log.advance(self.settings.source_id, self.after, position)
+        self.after = position
+        self.cursor.send_feedback(flush_lsn=lsn)
+
+    def _truncated(self, message: pgoutput.Truncate) -> None:
+        for relation_id in message.relation_ids:
+            shape = self.shapes.get(relation_id)
+            if shape is not None:
+                self.settings.report(shape.object_name, (
+                    f"TRUNCATE of {shape.object_name} was not applied: a CDC table keeps its "
+                    "rows; backfill the table again to match the source"))
+
+    def _commit(self, commit: pgoutput.Commit) -> None:
+        transaction, self.transaction = self.transaction, None
+        if commit.commit_lsn <= self.last_commit:
+            return  # appended before a restart
+        position = {"commit_lsn": pgoutput.lsn_text(commit.commit_lsn),
+                    "end_lsn": pgoutput.lsn_text(commit.end_lsn)}
+        if transaction is not None and transaction.changes:
+            metadata = SourceMetadata(POSTGRES.cdc_method, from_micros(commit.commit_micros),
+                                      str(transaction.begin.xid),
+                                      {"commit_lsn": position["commit_lsn"]})
+            self.log.append(self.settings.source_id,
+                            SourceTransaction(metadata, tuple(transaction.changes)),
+                            self.after, position)
+        else:
+            self.log.advance(self.settings.source_id, self.after, position)
+        self.after, self.last_commit = position, commit.commit_lsn
+        self.cursor.send_feedback(flush_lsn=commit.end_lsn)
