@@ -9,9 +9,10 @@ can be known without the log, so a bad transaction is refused before anything is
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from cdcflow.errors import InvalidArgument
 from cdcflow.model.records import MOD_TYPES, ColumnTypeInfo
@@ -46,7 +47,15 @@ class SourceTransaction:
 
 def validate_transaction(transaction: SourceTransaction) -> None:
     """Raise InvalidArgument naming the change and the rule it breaks; return if all hold."""
-    metadata = transaction.metadata
+    kind = validate_metadata(transaction.metadata)
+    if not transaction.changes:
+        raise InvalidArgument("a source transaction needs at least one change")
+    for index, change in enumerate(transaction.changes):
+        validate_change(kind, transaction.metadata, index, change)
+
+
+def validate_metadata(metadata: SourceMetadata) -> SourceKind:
+    """The block's rules; returns its kind."""
     kind = kind_of(metadata.read_method)
     if metadata.read_method != kind.cdc_method:
         raise InvalidArgument(
@@ -55,22 +64,32 @@ def validate_transaction(transaction: SourceTransaction) -> None:
         )
     if metadata.source_timestamp.tzinfo is None:
         raise InvalidArgument(f"source_timestamp {metadata.source_timestamp!r} has no timezone")
-    if not transaction.changes:
-        raise InvalidArgument("a source transaction needs at least one change")
     _check_json("the transaction's position", metadata.position)
-    for index, change in enumerate(transaction.changes):
-        try:
-            _validate_change(change)
-            _check_position(kind, metadata, change)
-        except InvalidArgument as error:
-            raise InvalidArgument(f"change {index} of transaction {metadata.tx_id!r}: "
-                                  f"{error}") from None
+    return kind
+
+
+def validate_change(kind: SourceKind, metadata: SourceMetadata, index: int,
+                    change: SourceChange) -> None:
+    """The rules of change number `index` of a transaction."""
+    try:
+        _validate_change(change)
+        _check_position(kind, metadata, change)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"change {index} of transaction {metadata.tx_id!r}: "
+                              f"{error}") from None
+
+
+_STRICT_JSON = (orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+                | orjson.OPT_PASSTHROUGH_SUBCLASS)
+"""orjson would write datetimes and dataclasses as text; a position holds plain JSON only."""
 
 
 def _check_json(what: str, value: dict[str, Any]) -> None:
+    if not value:
+        return
     try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as error:
+        orjson.dumps(value, option=_STRICT_JSON)
+    except (TypeError, orjson.JSONEncodeError) as error:
         raise InvalidArgument(f"{what} {value!r} is not JSON: {error}") from None
 
 
@@ -78,6 +97,24 @@ def _check_position(kind: SourceKind, metadata: SourceMetadata, change: SourceCh
     """The position fields EV-6 orders this kind's events by must be there (e.g. an LSN)."""
     _check_json("position", change.position)
     kind.sort_keys(ChangeContext(metadata, metadata.position | change.position, 0, "", "", 0))
+
+
+_SHAPES: dict[int, tuple[tuple[ColumnTypeInfo, ...], dict[str, ColumnTypeInfo], set[str]]] = {}
+
+
+def _shape(column_types: tuple[ColumnTypeInfo, ...]
+           ) -> tuple[dict[str, ColumnTypeInfo], set[str]]:
+    """Column types by name and the key names, worked out once per column-types tuple."""
+    found = _SHAPES.get(id(column_types))
+    if found is None or found[0] is not column_types:
+        types = {c.name: c for c in column_types}
+        if len(types) != len(column_types):
+            raise InvalidArgument("column_types name a column twice")
+        if len(_SHAPES) > 1024:
+            _SHAPES.clear()
+        found = (column_types, types, {c.name for c in column_types if c.is_primary_key})
+        _SHAPES[id(column_types)] = found
+    return found[1], found[2]
 
 
 def _validate_change(change: SourceChange) -> None:
@@ -88,10 +125,10 @@ def _validate_change(change: SourceChange) -> None:
     if change.value_capture_type not in VALUE_CAPTURE_TYPES:
         raise InvalidArgument(f"value_capture_type {change.value_capture_type!r} is not one of "
                               f"{VALUE_CAPTURE_TYPES}")
-    types = {c.name: c for c in change.column_types}
-    if len(types) != len(change.column_types):
-        raise InvalidArgument(f"column_types of {change.table!r} name a column twice")
-    key_names = {c.name for c in change.column_types if c.is_primary_key}
+    try:
+        types, key_names = _shape(change.column_types)
+    except InvalidArgument:
+        raise InvalidArgument(f"column_types of {change.table!r} name a column twice") from None
     if set(change.keys) != key_names:
         raise InvalidArgument(f"keys {sorted(change.keys)} of {change.table!r} must be exactly "
                               f"its primary key columns {sorted(key_names)}")

@@ -5,6 +5,7 @@ transaction (CS-1). Either the data and its records both exist, or neither does.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.model.schema import key_hash
@@ -51,16 +52,21 @@ def next_transaction_id(session: Session) -> str:
     return str(counter)
 
 
-def append_entries(session: Session, catalog: Catalog, entries: list[LogEntry],
+def append_entries(session: Session, catalog: Catalog, entries: Iterable[LogEntry],
                    micros: int) -> None:
-    """Append one transaction's records at `micros`, then split, merge and expire per the
-    policy, all inside the caller's write transaction."""
-    log.insert_data_records(session.conn, micros, (
-        log.DataRow(e.stream, e.token, e.sequence, len(e.record.mods), encode_record(e.record))
-        for e in entries
-    ))
+    """Append one transaction's records at `micros` (streamed into the log), then split,
+    merge and expire per the policy, all inside the caller's write transaction."""
+    streams: set[str] = set()
+
+    def rows() -> Iterator[log.DataRow]:
+        for e in entries:
+            streams.add(e.stream)
+            yield log.DataRow(e.stream, e.token, e.sequence, len(e.record.mods),
+                              encode_record(e.record))
+
+    log.insert_data_records(session.conn, micros, rows())
     policy = PartitionPolicy.from_json(json.loads(session.meta["partition_policy"]))
-    for name in {e.stream for e in entries}:
+    for name in streams:
         apply_policy(session, name, policy, micros)
     if micros - int(session.meta["gc_micros"]) >= GC_INTERVAL_MICROS:
         retention.expire_change_records(session.conn, catalog, micros)

@@ -143,7 +143,7 @@ def insert_data_records(conn: sqlite3.Connection, micros: int, rows: Iterable[Da
     conn.executemany(
         "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(r.stream, r.token, micros, r.sequence, LOG_DATA, r.mods, r.body) for r in rows],
+        ((r.stream, r.token, micros, r.sequence, LOG_DATA, r.mods, r.body) for r in rows),
     )
 
 

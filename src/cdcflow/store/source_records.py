@@ -5,93 +5,138 @@ table without a primary key routes by the hash of its row). Changes keep the sou
 consecutive changes of one table, mod type and shape in one partition share a record, and a
 change that differs starts the next record, so ordering by (record_sequence, mod index)
 replays every key's changes in source order, even when a transaction touches a key twice.
+
+It streams: the changes are read twice (once to count the records each record must name,
+once to build them), and at most one record per partition is open at a time, so a
+transaction of millions of changes, read from disk, takes little memory.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from cdcflow.model.changes import SourceChange, SourceTransaction
-from cdcflow.model.records import DataChangeRecord, Mod, format_sequence
+import orjson
+
+from cdcflow.model.changes import SourceChange
+from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_sequence
 from cdcflow.model.schema import ChangeStreamDef, key_hash
+from cdcflow.model.source import SourceMetadata
 from cdcflow.store.capture import LogEntry, PartitionRanges
 
 MAX_MODS_PER_RECORD = 1_000
 """A long run of changes is cut into records of at most this many mods."""
 
+Changes = Callable[[], Iterable[SourceChange]]
+"""A transaction's changes in source order; may be called more than once."""
+
 
 def change_position(change: SourceChange) -> int:
     """The partition hash position of a change: its table and primary key (or whole row)."""
     if change.keys:
-        ordered = [n.name for n in sorted(change.column_types, key=lambda c: c.ordinal_position)
-                   if n.is_primary_key]
-        identity = json.dumps([change.keys[name] for name in ordered], separators=(",", ":"))
+        values = [change.keys[name] for name in _key_order(change.column_types)]
+        identity = orjson.dumps(values).decode()
     else:
         row = change.old_values if change.mod_type == "DELETE" else change.new_values
-        identity = json.dumps(row, sort_keys=True, separators=(",", ":"))
+        identity = orjson.dumps(row, option=orjson.OPT_SORT_KEYS).decode()
     return key_hash(change.table, identity)
 
 
+@functools.lru_cache(maxsize=256)
+def _key_order(column_types: tuple[ColumnTypeInfo, ...]) -> tuple[str, ...]:
+    return tuple(c.name for c in sorted(column_types, key=lambda c: c.ordinal_position)
+                 if c.is_primary_key)
+
+
 @dataclass(slots=True)
-class _OpenRecord:
+class _Run:
+    index: int
     token: str
     shape: tuple[object, ...]
     first: SourceChange
     mods: list[Mod] = field(default_factory=list)
+    size: int = 0
 
 
-def _runs(changes: list[SourceChange], ranges: PartitionRanges) -> list[_OpenRecord]:
-    """Records in order of their first change; per partition, a new record whenever the
-    table, mod type or shape differs from the partition's last record (or it is full)."""
-    records: list[_OpenRecord] = []
-    last: dict[str, _OpenRecord] = {}
-    for change in changes:
-        token = ranges.token_for(change_position(change))
+class _Runs:
+    """Cuts one stream's changes into records: per partition a new record whenever the
+    table, mod type or shape differs from the partition's open record, or it is full.
+    `keep` False only counts (records, and each partition's last record)."""
+
+    def __init__(self, ranges: PartitionRanges, keep: bool) -> None:
+        self.ranges, self.keep = ranges, keep
+        self.open: dict[str, _Run] = {}
+        self.count = 0
+        self.last_in_partition: dict[str, int] = {}
+
+    def add(self, change: SourceChange) -> _Run | None:
+        """Take a change; return the record it closed, if any."""
+        token = self.ranges.token_for(change_position(change))
         shape = (change.table, change.mod_type, change.value_capture_type, change.column_types)
-        current = last.get(token)
-        if current is None or current.shape != shape or len(current.mods) >= MAX_MODS_PER_RECORD:
-            current = _OpenRecord(token, shape, change)
-            records.append(current)
-            last[token] = current
-        current.mods.append(Mod(change.keys, change.new_values, change.old_values,
-                                change.position))
-    return records
+        current = self.open.get(token)
+        closed = None
+        if current is None or current.shape != shape or current.size >= MAX_MODS_PER_RECORD:
+            closed = current
+            current = _Run(self.count, token, shape, change)
+            self.open[token] = current
+            self.last_in_partition[token] = self.count
+            self.count += 1
+        current.size += 1
+        if self.keep:
+            current.mods.append(Mod(change.keys, change.new_values, change.old_values,
+                                    change.position))
+        return closed
+
+    def finish(self) -> list[_Run]:
+        closed, self.open = list(self.open.values()), {}
+        return closed
 
 
-def build_source_records(
-    transaction: SourceTransaction,
+def source_records(
+    metadata: SourceMetadata,
+    changes: Changes,
     streams: list[ChangeStreamDef],
     ranges_of: Callable[[str], PartitionRanges],
     commit_timestamp: datetime,
     transaction_id: str,
-) -> list[LogEntry]:
-    """Every watching stream's records of one source transaction, at the log's commit time."""
-    entries: list[LogEntry] = []
+) -> Iterator[LogEntry]:
+    """Every watching stream's records of one source transaction, at the log's commit time
+    (in no particular order of records)."""
     for stream in sorted(streams, key=lambda s: s.name):
-        changes = [c for c in transaction.changes if stream.watches(c.table)]
-        if not changes:
+        ranges = ranges_of(stream.name)
+
+        def mine(watcher: ChangeStreamDef = stream) -> Iterator[SourceChange]:
+            return (c for c in changes() if watcher.watches(c.table))
+
+        plan = _Runs(ranges, keep=False)
+        for change in mine():
+            plan.add(change)
+        if plan.count == 0:
             continue
-        runs = _runs(changes, ranges_of(stream.name))
-        last_in_partition = {run.token: i for i, run in enumerate(runs)}
-        partitions = len(last_in_partition)
-        for index, run in enumerate(runs):
+        runs = _Runs(ranges, keep=True)
+
+        def record(run: _Run, name: str = stream.name, counted: _Runs = plan) -> LogEntry:
             first = run.first
-            record = DataChangeRecord(
+            return LogEntry(name, run.token, run.index, DataChangeRecord(
                 commit_timestamp=commit_timestamp,
-                record_sequence=format_sequence(index),
+                record_sequence=format_sequence(run.index),
                 server_transaction_id=transaction_id,
-                is_last_record_in_transaction_in_partition=last_in_partition[run.token] == index,
+                is_last_record_in_transaction_in_partition=(
+                    counted.last_in_partition[run.token] == run.index),
                 table_name=first.table,
                 column_types=first.column_types,
                 mods=tuple(run.mods),
                 mod_type=first.mod_type,
                 value_capture_type=first.value_capture_type,
-                number_of_records_in_transaction=len(runs),
-                number_of_partitions_in_transaction=partitions,
-                source=transaction.metadata,
-            )
-            entries.append(LogEntry(stream.name, run.token, index, record))
-    return entries
+                number_of_records_in_transaction=counted.count,
+                number_of_partitions_in_transaction=len(counted.last_in_partition),
+                source=metadata,
+            ))
+
+        for change in mine():
+            if (closed := runs.add(change)) is not None:
+                yield record(closed)
+        for closed in runs.finish():
+            yield record(closed)

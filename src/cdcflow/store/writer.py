@@ -14,13 +14,19 @@ from datetime import datetime
 from typing import Any
 
 from cdcflow.errors import FailedPrecondition, InvalidArgument
-from cdcflow.model.changes import SourceTransaction, validate_transaction
+from cdcflow.model.changes import (
+    SourceTransaction,
+    validate_change,
+    validate_metadata,
+    validate_transaction,
+)
+from cdcflow.model.source import SourceKind, SourceMetadata
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store import log
 from cdcflow.store.catalog import Catalog, next_commit_micros
 from cdcflow.store.commit import append_entries, next_transaction_id
 from cdcflow.store.session import Session
-from cdcflow.store.source_records import build_source_records
+from cdcflow.store.source_records import Changes, source_records
 from cdcflow.store.sqlite import read_transaction, write_transaction
 
 
@@ -58,20 +64,28 @@ class LogWriter(ABC):
         appends a transaction twice and never skips one.
         """
         validate_transaction(transaction)
+        return self.append_large(source, transaction.metadata, lambda: transaction.changes,
+                                 after, position)
+
+    def append_large(self, source: str, metadata: SourceMetadata, changes: Changes,
+                     after: dict[str, Any] | None, position: dict[str, Any]) -> datetime:
+        """`append` for a transaction too large to hold in memory: `changes()` yields its
+        changes in source order (from a file, say) and is called a few times; memory stays
+        bounded by a record per partition. The same checks and guarantees as `append`."""
+        kind = validate_metadata(metadata)
         session = self._session()
         with write_transaction(session.conn):
             catalog = session.refresh()
-            _refuse_native_tables(catalog, transaction)
+            tables = _scan(kind, metadata, changes, catalog, session)
             self._check_after(source, after)
             micros = next_commit_micros(session.conn, self._now_micros())
             streams = [s for s in catalog.streams.values()
-                       if any(s.watches(c.table) for c in transaction.changes)]
-            entries = build_source_records(transaction, streams, session.ranges_of,
-                                           from_micros(micros), next_transaction_id(session))
+                       if any(s.watches(table) for table in tables)]
+            entries = source_records(metadata, changes, streams, session.ranges_of,
+                                     from_micros(micros), next_transaction_id(session))
             append_entries(session, catalog, entries, micros)
-            _remember_objects(session, transaction)
             log.write_position(session.conn, source, position,
-                               to_micros(transaction.metadata.source_timestamp), micros)
+                               to_micros(metadata.source_timestamp), micros)
         return from_micros(micros)
 
     def advance(self, source: str, after: dict[str, Any] | None,
@@ -109,20 +123,26 @@ class LogWriter(ABC):
             log.delete_position(session.conn, source)
 
 
-def _refuse_native_tables(catalog: Catalog, transaction: SourceTransaction) -> None:
-    """A table of the embedded database gets its records from its own commits (CS-1)."""
-    native = sorted({c.table for c in transaction.changes if c.table in catalog.tables})
-    if native:
-        raise InvalidArgument(
-            f"tables {native} are tables of this database: their change records come from "
-            "their own commits (CS-1), not from appended source transactions"
-        )
-
-
-def _remember_objects(session: Session, transaction: SourceTransaction) -> None:
-    """Record each appended object and its column types (for the shard API and discovery)."""
-    for change in transaction.changes:
-        text = json.dumps([c.to_dict() for c in change.column_types], sort_keys=True)
-        if session.objects.get(change.table) != text:
-            log.remember_object(session.conn, change.table, text)
-            session.objects[change.table] = text
+def _scan(kind: SourceKind, metadata: SourceMetadata, changes: Changes, catalog: Catalog,
+          session: Session) -> set[str]:
+    """Check every change (InvalidArgument naming the first bad one, before anything is
+    written), refuse the database's own tables (their records come from their own commits,
+    CS-1), and record each object's column types; return the tables touched."""
+    tables: dict[str, object] = {}
+    count = 0
+    for index, change in enumerate(changes()):
+        validate_change(kind, metadata, index, change)
+        if tables.get(change.table) is not change.column_types:
+            if change.table in catalog.tables:
+                raise InvalidArgument(
+                    f"table {change.table!r} is a table of this database: its change records "
+                    "come from its own commits (CS-1), not from appended source transactions")
+            text = json.dumps([c.to_dict() for c in change.column_types], sort_keys=True)
+            if session.objects.get(change.table) != text:
+                log.remember_object(session.conn, change.table, text)
+                session.objects[change.table] = text
+            tables[change.table] = change.column_types
+        count += 1
+    if count == 0:
+        raise InvalidArgument("a source transaction needs at least one change")
+    return set(tables)

@@ -15,12 +15,15 @@ has been seen by then.
 
 from __future__ import annotations
 
+import contextlib
+import pickle
 import select
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from cdcflow.capture.postgres import pgoutput
 from cdcflow.capture.postgres.catalog import TypeCache, primary_key
@@ -34,6 +37,7 @@ from cdcflow.model.timestamps import from_micros
 from cdcflow.store.changelog import ChangeLog
 
 HEARTBEAT_PREFIX = "cdcflow-heartbeat"
+KEEPALIVE_SECONDS = 5.0
 
 
 @dataclass(slots=True)
@@ -51,10 +55,55 @@ class Settings:
     """(object, message): a problem to show in `streams errors` (a TRUNCATE, say)."""
 
 
+SPILL_AT = 10_000
+"""A transaction with more changes than this keeps them in a temporary file, not in memory."""
+
+
 @dataclass(slots=True)
 class _Transaction:
+    """The changes of the transaction being received; beyond SPILL_AT they go to a file."""
+
     begin: pgoutput.Begin
     changes: list[SourceChange] = field(default_factory=list)
+    spill: IO[bytes] | None = None
+    shapes: dict[int, tuple[ColumnTypeInfo, ...]] = field(default_factory=dict)
+
+    def add(self, changes: list[SourceChange]) -> None:
+        self.changes += changes
+        if len(self.changes) >= SPILL_AT:
+            if self.spill is None:
+                self.spill = tempfile.TemporaryFile(prefix="cdcflow-transaction-")  # noqa: SIM115 closed at commit
+            packed = [self._pack(c) for c in self.changes]
+            pickle.dump(packed, self.spill, pickle.HIGHEST_PROTOCOL)
+            self.changes = []
+
+    def _pack(self, change: SourceChange) -> tuple[Any, ...]:
+        """A change as plain values (fast to pickle); its column types by reference."""
+        key = id(change.column_types)
+        self.shapes.setdefault(key, change.column_types)
+        return (change.table, change.mod_type, change.keys, change.new_values,
+                change.old_values, key, change.value_capture_type, change.position)
+
+    def empty(self) -> bool:
+        return not self.changes and self.spill is None
+
+    def read(self) -> Iterator[SourceChange]:
+        """Every change in order (the spilled ones first); can be read again."""
+        if self.spill is not None:
+            self.spill.seek(0)
+            while True:
+                try:
+                    packed = pickle.load(self.spill)
+                except EOFError:
+                    break
+                for table, kind, keys, new, old, shape, capture, position in packed:
+                    yield SourceChange(table, kind, keys, new, old, self.shapes[shape],
+                                       capture, position)
+        yield from self.changes
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
 
 
 class CaptureLoop:
@@ -70,6 +119,7 @@ class CaptureLoop:
         self.after: dict[str, Any] | None = None if stored is None else stored.position
         self.last_commit = 0 if self.after is None else lsn_number(self.after["commit_lsn"])
         self.heartbeat_due = time.monotonic() + settings.heartbeat_seconds
+        self.feedback_due = time.monotonic() + KEEPALIVE_SECONDS
 
     def run(self, stop: threading.Event) -> None:
         start = 0 if self.after is None else lsn_number(self.after["end_lsn"])
@@ -87,6 +137,14 @@ class CaptureLoop:
                 self._idle()
                 continue
             self._handle(pgoutput.decode(message.payload), message.data_start)
+            if time.monotonic() >= self.feedback_due:  # busy for long: still say we live
+                self._keepalive()
+
+    def _keepalive(self) -> None:
+        """A status update to the server (the last confirmed LSN again), so that a long
+        transaction or a long append never looks like a dead client (wal_sender_timeout)."""
+        self.cursor.send_feedback(force=True)
+        self.feedback_due = time.monotonic() + KEEPALIVE_SECONDS
 
     def _idle(self) -> None:
         if self.transaction is None and time.monotonic() >= self.heartbeat_due:
@@ -105,7 +163,7 @@ class CaptureLoop:
             case pgoutput.Insert() | pgoutput.Update() | pgoutput.Delete():
                 shape = self.shapes.get(message.relation_id)
                 if shape is not None and self.transaction is not None:
-                    self.transaction.changes += to_changes(shape, message, lsn)
+                    self.transaction.add(to_changes(shape, message, lsn))
             case pgoutput.Truncate():
                 self._truncated(message)
             case pgoutput.Message(prefix=prefix, transactional=False) \
@@ -141,6 +199,24 @@ class CaptureLoop:
         self.after = position
         self.cursor.send_feedback(flush_lsn=lsn)
 
+    @contextlib.contextmanager
+    def _keeping_alive(self) -> Iterator[None]:
+        """While a long append runs, a helper thread sends the status updates (nothing else
+        uses the replication connection meanwhile)."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(KEEPALIVE_SECONDS):
+                self.cursor.send_feedback(force=True)
+
+        helper = threading.Thread(target=beat, name="cdcflow-keepalive", daemon=True)
+        helper.start()
+        try:
+            yield
+        finally:
+            done.set()
+            helper.join()
+
     def _truncated(self, message: pgoutput.Truncate) -> None:
         for relation_id in message.relation_ids:
             shape = self.shapes.get(relation_id)
@@ -155,13 +231,21 @@ class CaptureLoop:
             return  # appended before a restart
         position = {"commit_lsn": pgoutput.lsn_text(commit.commit_lsn),
                     "end_lsn": pgoutput.lsn_text(commit.end_lsn)}
-        if transaction is not None and transaction.changes:
+        if transaction is not None and not transaction.empty():
             metadata = SourceMetadata(POSTGRES.cdc_method, from_micros(commit.commit_micros),
                                       str(transaction.begin.xid),
                                       {"commit_lsn": position["commit_lsn"]})
-            self.log.append(self.settings.source_id,
-                            SourceTransaction(metadata, tuple(transaction.changes)),
-                            self.after, position)
+            try:
+                if transaction.spill is None:
+                    self.log.append(self.settings.source_id,
+                                    SourceTransaction(metadata, tuple(transaction.changes)),
+                                    self.after, position)
+                else:
+                    with self._keeping_alive():
+                        self.log.append_large(self.settings.source_id, metadata,
+                                              transaction.read, self.after, position)
+            finally:
+                transaction.close()
         else:
             self.log.advance(self.settings.source_id, self.after, position)
         self.after, self.last_commit = position, commit.commit_lsn
