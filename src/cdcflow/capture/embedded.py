@@ -84,6 +84,9 @@ class EmbeddedSource:
                 chunk = keyed[start:start + _CHUNK_ROWS]
                 sink(item, [{n: r[n] for n in names} for _, r in chunk], chunk[-1][0])
 
+    def status(self) -> dict[str, Any]:
+        return {}
+
     def remove(self) -> None:
         """Nothing to drop: the change stream belongs to the database."""
 

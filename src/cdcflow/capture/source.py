@@ -127,6 +127,11 @@ class ChangeSource(Protocol):
         """Worker only: whether the capture has appended everything before `mark`."""
         ...
 
+    def status(self) -> dict[str, Any]:
+        """What the source side reports (e.g. a slot's retained WAL, and `warn_above`, the
+        amount past which a paused stream is warned about)."""
+        ...
+
     def remove(self) -> None:
         """Drop what the source keeps on the server for this stream (a slot, a publication)."""
         ...

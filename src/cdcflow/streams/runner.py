@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import FailedPrecondition, InvalidArgument
+from cdcflow.errors import CdcflowError, FailedPrecondition, InvalidArgument
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.queries import QueryControl, stop_between_batches
@@ -29,11 +29,14 @@ from cdcflow.store.changelog import open_log
 from cdcflow.streams.applier import Applier
 from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import Catalog, StreamRecord
+from cdcflow.streams.definition import EmbeddedSource
 from cdcflow.streams.setup import StreamSetup, prepare_stream
+from cdcflow.streams.sources import open_source
 from cdcflow.streams.states import StreamState
 from cdcflow.streams.workers import CaptureWorkers, capture_status, run_capture
 
 PERMANENT_ERRORS = (InvalidArgument, FailedPrecondition)
+SOURCE_STATUS_SECONDS = 5.0
 
 
 def is_permanent(error: BaseException) -> bool:
@@ -62,6 +65,7 @@ class Worker:
     setup: StreamSetup | None = None
     query: Any = None
     control: QueryControl | None = None
+    status_source: Any = None
     thread: threading.Thread | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -132,6 +136,36 @@ class Runner:
                 self._retry_later(record)
             case _:
                 self._halt(worker)
+        if record.state in (StreamState.RUNNING, StreamState.PAUSED):
+            self._watch_source(record, worker)
+
+    def _watch_source(self, record: StreamRecord, worker: Worker) -> None:
+        """Every few seconds, the source side's status (a slot's retained WAL); a paused
+        stream whose slot holds more than the source's threshold is warned about."""
+        if isinstance(record.definition.source, EmbeddedSource) or \
+                self._now() < worker.stats.get("source_at", 0.0) + SOURCE_STATUS_SECONDS:
+            return  # the embedded database keeps nothing for a stream
+        worker.stats["source_at"] = self._now()
+        try:
+            if worker.setup is not None:
+                source = worker.setup.source
+            else:
+                if worker.status_source is None:
+                    worker.status_source = open_source(record.definition, self.home)
+                source = worker.status_source
+            found = source.status()
+        except CdcflowError as error:  # the source is away: say so, keep the state
+            self.catalog.update_status(record.definition.name, source={"error": str(error)})
+            return
+        warnings = []
+        held, limit = found.get("retained_wal_bytes") or 0, found.get("warn_above")
+        if record.state == StreamState.PAUSED and limit is not None and held > limit:
+            warnings.append(f"the paused stream's slot holds {held / 2**20:.0f} MB of WAL, "
+                            f"more than {limit / 2**20:.0f} MB: resume, drain or delete it")
+            if not worker.stats.get("warned"):
+                self.catalog.record_error(record.definition.name, "*", warnings[0])
+        worker.stats["warned"] = bool(warnings)
+        self.catalog.update_status(record.definition.name, source=found, warnings=warnings)
 
     def _in_thread(self, worker: Worker, target: Any, record: StreamRecord) -> None:
         worker.thread = threading.Thread(target=target, args=(record,), daemon=True)

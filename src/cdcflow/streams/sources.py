@@ -32,7 +32,8 @@ def open_source(definition: StreamDefinition, home: str | Path,
                 source.dsn, source.password_env, source.slot or default,
                 source.publication or default, log_path(definition, home),
                 definition.include, definition.exclude, source.heartbeat_seconds,
-                dict(source.primary_keys), dict(source.numeric_precision)), report=report)
+                dict(source.primary_keys), dict(source.numeric_precision),
+                int(source.retained_wal_warning_mb * 1024 * 1024)), report=report)
     raise AssertionError(f"unhandled source {definition.source!r}")
 
 

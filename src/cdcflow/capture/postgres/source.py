@@ -50,6 +50,7 @@ class PostgresConfig:
     heartbeat_seconds: float = 10.0
     primary_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
     numeric: dict[str, tuple[int, int]] = field(default_factory=dict)
+    retained_wal_warning_bytes: int = 1024 * 1024 * 1024
 
     def selects(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.include) and not any(
@@ -232,6 +233,9 @@ class PostgresSource:
         stored = log.position(self.source_id)
         return stored is not None and lsn_number(stored.position["end_lsn"]) >= \
             lsn_number(mark)
+
+    def status(self) -> dict[str, Any]:
+        return self.slot_status() | {"warn_above": self.config.retained_wal_warning_bytes}
 
     def slot_status(self) -> dict[str, Any]:
         """The slot's retained WAL: the server's WAL position minus its confirmed flush."""
