@@ -203,8 +203,9 @@ def backfill_event(
 ) -> Event:
     """A backfill event: the row as of the snapshot; no order among backfill events (EV-6)."""
     keys = [c.name for c in column_types if c.is_primary_key]
-    key_text = json.dumps([encode_value(row[c.name], c.type) for c in column_types
-                           if c.is_primary_key])
+    identity = [c for c in column_types if c.is_primary_key] or list(column_types)
+    key_text = json.dumps([encode_value(row[c.name], c.type) for c in identity])  # no key:
+    # the whole row, so that a row read twice (a resumed backfill) keeps its uuid (EV-7)
     metadata: dict[str, Any] = {name: "" if name != "log_position" else 0
                                 for name in kind.fields}
     metadata |= {"database": database} if "database" in kind.fields else {}

@@ -110,7 +110,23 @@ class PostgresSource:
         log.forget_position(self.source_id)  # a new slot: its stream starts afresh
         return Snapshot(self.clock.now(), {"slot": self.config.slot, "snapshot": name,
                                            "consistent_lsn": consistent,
+                                           "visible": self._pg_snapshot(name),
                                            "cdc_start": to_micros(cdc_start)}, cdc_start)
+
+    def _pg_snapshot(self, exported: str) -> str:
+        """The exported snapshot as a pg_snapshot (xmin:xmax:in-progress ids)."""
+        conn = connect(self.config.dsn, self.config.password_env)
+        conn.autocommit = False
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (exported,))
+                cur.execute("SELECT pg_current_snapshot()::text")
+                (text,) = cur.fetchone()
+            return str(text)
+        finally:
+            conn.rollback()
+            conn.close()
 
     def _publish(self, objects: list[SourceObject]) -> None:
         tables = [sql.SQL(".").join(map(sql.Identifier, o.name.split(".", 1)))
@@ -157,51 +173,46 @@ class PostgresSource:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 if self._exporter is not None:
                     cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot.position["snapshot"],))
+            first = None if self._exporter is not None else snapshot.position.get("visible")
             for item in objects:
                 after = (resume or {}).get(item.name)
                 if after != "done":
-                    self._read_table(conn, item, sink, after)
+                    self._read_table(conn, item, sink, after, first)
         except Exception as error:
             raise typed(error, "reading the snapshot") from None
         finally:
             conn.rollback()
             conn.close()
 
-    def _read_table(self, conn: Any, item: SourceObject, sink: RowSink, after: Any) -> None:
+    def _read_table(self, conn: Any, item: SourceObject, sink: RowSink, after: Any,
+                    first: str | None) -> None:
+        """Key-ordered chunks from `after` on. A table without a key goes in ctid order and,
+        when read in a newer snapshot than the slot's (`first`, a pg_snapshot, is the slot's),
+        keeps only the rows the slot's snapshot saw: the slot streams the others."""
         schema, table = item.name.split(".", 1)
-        keys = list(item.primary_key)
+        order = [sql.Identifier(k) for k in item.primary_key] or [sql.SQL("ctid")]
         texts = sql.SQL(", ").join(sql.SQL("{} AS {}").format(
             sql.Identifier(c.name), sql.Identifier(f"_cdcflow_{i}"))
             for i, c in enumerate(item.columns))
         source = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
         _as_output_text(conn, sql.SQL("SELECT {} FROM {} LIMIT 0").format(texts, source))
         convert = [(c.name, converter(c.type), c.type) for c in item.columns]
-        if not keys:
-            self._read_unordered(conn, item, sink, texts, source, convert)
-            return
-        key_list = sql.SQL(", ").join(map(sql.Identifier, keys))
+        order_list = sql.SQL(", ").join(order)
+        seen = sql.SQL("TRUE") if item.primary_key or first is None else _visible_in(first)
         while True:
-            where = sql.SQL("") if after is None else sql.SQL(" WHERE ({}) > ({})").format(
-                key_list, sql.SQL(", ").join(sql.Placeholder() * len(keys)))
-            query = sql.SQL("SELECT {}, {} FROM {}{} ORDER BY {} LIMIT {}").format(
-                key_list, texts, source, where, key_list, sql.Literal(CHUNK_ROWS))
+            where = sql.SQL("") if after is None else sql.SQL(" AND ({}) > ({})").format(
+                order_list, sql.SQL(", ").join(sql.Placeholder() * len(order)))
+            query = sql.SQL("SELECT {}, {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
+                order_list, texts, source, seen, where, order_list, sql.Literal(CHUNK_ROWS))
             with conn.cursor() as cur:
                 cur.execute(query, after or ())
                 fetched = cur.fetchall()
             if not fetched:
                 return
-            after = [v if isinstance(v, int | str) else str(v) for v in fetched[-1][:len(keys)]]
-            sink(item, [_row(r[len(keys):], convert) for r in fetched], after)
+            after = [v if isinstance(v, int | str) else str(v) for v in fetched[-1][:len(order)]]
+            sink(item, [_row(r[len(order):], convert) for r in fetched], after)
             if len(fetched) < CHUNK_ROWS:
                 return
-
-    def _read_unordered(self, conn: Any, item: SourceObject, sink: RowSink, texts: Any,
-                        source: Any, convert: list[Any]) -> None:
-        with conn.cursor(name=f"cdcflow_{abs(hash(item.name))}") as cur:
-            cur.itersize = CHUNK_ROWS
-            cur.execute(sql.SQL("SELECT {} FROM {}").format(texts, source))
-            while rows := cur.fetchmany(CHUNK_ROWS):
-                sink(item, [_row(r, convert) for r in rows], None)
 
     def release(self, snapshot: Snapshot) -> None:
         if self._exporter is not None:
@@ -265,6 +276,22 @@ class PostgresSource:
         for conn in (self._sql, self._exporter):
             if conn is not None and not conn.closed:
                 conn.close()
+
+
+def _visible_in(snapshot: str) -> Any:
+    """A condition: the row's inserting transaction committed before `snapshot` (a
+    pg_snapshot text, xmin:xmax:xip). Transaction ids compare modulo 2^32 (xmin is 32 bits);
+    frozen rows (ids below 3) count as old."""
+    low, high, running = snapshot.split(":")
+    ids = [int(x) % 2**32 for x in running.split(",") if x]
+
+    def before(bound: int) -> Any:
+        return sql.SQL("(mod({} - xmin::text::bigint + 4294967296, 4294967296) "
+                       "BETWEEN 1 AND 2147483647)").format(sql.Literal(bound % 2**32))
+
+    return sql.SQL("(xmin::text::bigint < 3 OR {} OR ({} AND xmin::text::bigint <> ALL({})))"
+                   ).format(before(int(low)), before(int(high)),
+                            sql.Literal(ids or [-1]))
 
 
 def _as_output_text(conn: Any, query: Any) -> None:
