@@ -166,7 +166,8 @@ def pgbench_campaign(campaign: Campaign) -> Campaign:
     try:
         init = _pgbench(server, "-i", "-q", "-s", str(campaign.scale))
         if init.wait() != 0:
-            raise RuntimeError(f"pgbench -i failed: {init.stderr.read() if init.stderr else ''}")
+            said = init.stderr.read().decode(errors="replace") if init.stderr else ""
+            raise RuntimeError(f"pgbench -i failed: {said}")
         catalog = Catalog(campaign.folder / "catalog.db")
         catalog.create(StreamDefinition.parse({
             "name": "pgbench", "include": ["public.pgbench_*"], "backfill": "all",
