@@ -20,6 +20,7 @@ from deltalake.schema import Schema as DeltaSchema
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from cdcflow.model.sequence import sort_key_of
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.table import pending
 from cdcflow.table.apply import (
@@ -250,6 +251,33 @@ class CdcTable:
             for row in data.to_pylist():
                 found[tuple(row[k] for k in key_columns)] = row
         return found
+
+    def delete_older_than(self, sequence: str) -> int:
+        """DELETE, with `sequence` as their _CHANGE_SEQUENCE_NUMBER, the rows whose latest
+        change is older than `sequence` (AP-4 order, pending changes merged); return how many.
+
+        After a full backfill of the table that began at `sequence` these are the rows the
+        source no longer has: every row it has was written again. A later change of such a
+        key still wins, and running this twice deletes nothing more."""
+        bound = sort_key_of(sequence)
+        plan = self._plan(to_micros(self.clock.now()))
+        manifest = plan.manifest
+        stale = []
+        for index in sorted(set(range(len(manifest.files))) | set(plan.touched)):
+            state = (plan.touched[index][1] if index in plan.touched else
+                     read_file(self.root, manifest.files[index], self.schema,
+                               self.primary_key)[1])
+            older = pc.and_(pc.is_null(state.column("_deleted_at")),
+                            pc.less(state.column("_seq_key"), bound))
+            stale.append(state.filter(older).select(list(self.primary_key)))
+        if not stale or not sum(t.num_rows for t in stale):
+            return 0
+        keys = pa.concat_tables(stale)
+        deletes = keys.append_column(pending.CHANGE_TYPE, pa.array(
+            ["DELETE"] * keys.num_rows, pa.string())).append_column(
+            pending.SEQUENCE, pa.array([sequence] * keys.num_rows, pa.string()))
+        self.connection().append(deletes)
+        return int(keys.num_rows)
 
     def to_spark(self, spark: Any) -> Any:
         """A Spark DataFrame of `to_arrow()`'s view (baseline files read by Spark directly)."""

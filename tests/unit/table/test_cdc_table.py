@@ -306,3 +306,39 @@ def test_add_columns_takes_repeats_and_finishes_after_a_crash(tmp_path: Path):
         {"id": 1, "name": None, "salary": None, "note": "n", "extra": 7}]
     with pytest.raises(InvalidArgument, match="reserved"):
         table.add_columns([pa.field("_CHANGE_TYPE", pa.string())])
+
+
+def test_delete_older_than_removes_rows_not_written_again(tmp_path: Path):
+    """The sweep after a table is backfilled again: rows whose latest change is older than
+    the backfill's start are deleted (applied or pending, bulk-loaded included), rows written
+    since stay, a later change of a swept key still wins, and a second run deletes nothing."""
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    table.bulk_load(pa.table({"id": [1, 2], "name": ["a", "b"], "salary": [1, 2]}))
+    connection = table.connection()
+    connection.append([
+        {"id": 3, "name": "c", "salary": 3, "_CHANGE_TYPE": "UPSERT",
+         "_CHANGE_SEQUENCE_NUMBER": "10/1/0"},
+        {"id": 4, "name": "d", "salary": 4, "_CHANGE_TYPE": "UPSERT",
+         "_CHANGE_SEQUENCE_NUMBER": "10/2/0"},
+        {"id": 5, "_CHANGE_TYPE": "DELETE", "_CHANGE_SEQUENCE_NUMBER": "10/3/0"}])
+    table.apply()
+    connection.append([  # the backfill since 20: 2 and 4 are written again, pending
+        {"id": 2, "name": "b2", "salary": 2, "_CHANGE_TYPE": "UPSERT",
+         "_CHANGE_SEQUENCE_NUMBER": "20/0/0"},
+        {"id": 4, "name": "d2", "salary": 4, "_CHANGE_TYPE": "UPSERT",
+         "_CHANGE_SEQUENCE_NUMBER": "21/5/1"}])
+    assert table.delete_older_than("20") == 2  # 1 (bulk-loaded) and 3
+    assert rows(table) == [(2, "b2", 2), (4, "d2", 4)]
+    assert table.delete_older_than("20") == 0
+    connection.append([{"id": 1, "name": "back", "salary": 9, "_CHANGE_TYPE": "UPSERT",
+                        "_CHANGE_SEQUENCE_NUMBER": "20/0/0"}])
+    table.apply()
+    assert rows(table) == [(1, "back", 9), (2, "b2", 2), (4, "d2", 4)]
+
+
+def test_delete_older_than_refuses_a_bad_sequence(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    table.connection().append([{"id": 1, "name": "a", "salary": 1, "_CHANGE_TYPE": "UPSERT"}])
+    with pytest.raises(InvalidArgument, match="'2x/0'"):
+        table.delete_older_than("2x/0")
+    assert rows(table) == [(1, "a", 1)]
