@@ -56,12 +56,8 @@ def validate_transaction(transaction: SourceTransaction) -> None:
 
 def validate_metadata(metadata: SourceMetadata) -> SourceKind:
     """The block's rules; returns its kind."""
-    kind = kind_of(metadata.read_method)
-    if metadata.read_method != kind.cdc_method:
-        raise InvalidArgument(
-            f"read_method {metadata.read_method!r} is a backfill method; the change log takes "
-            f"CDC transactions ({kind.cdc_method!r})"
-        )
+    kind = kind_of(metadata.read_method)  # a CDC or a backfill method (a table backfilled
+    # again while the stream goes on comes through the log too)
     if metadata.source_timestamp.tzinfo is None:
         raise InvalidArgument(f"source_timestamp {metadata.source_timestamp!r} has no timezone")
     _check_json("the transaction's position", metadata.position)

@@ -145,16 +145,23 @@ def event_of_change(stream_name: str, database: str, change: Change, row: dict[s
     context = ChangeContext(change.source, change.position, change.commit_micros,
                             change.server_transaction_id, change.record_sequence,
                             change.mod_index)
+    backfilled = change.source.read_method == kind.backfill_method
+    if backfilled:  # a row read again: the same uuid whenever the same request reads it
+        keys = [c.name for c in change.column_types if c.is_primary_key]
+        identity = change_uuid(stream_name, change.table, "backfill", change.source.tx_id,
+                               json.dumps([row.get(k) for k in keys], default=str))
+    else:
+        identity = change_uuid(stream_name, change.table, change.server_transaction_id,
+                               change.record_sequence, change.mod_index)
     return Event(
         stream_name=stream_name,
         read_method=change.source.read_method,
         object=change.table,
         schema_key=schema_key(change.table, change.column_types),
-        uuid=change_uuid(stream_name, change.table, change.server_transaction_id,
-                         change.record_sequence, change.mod_index),
+        uuid=identity,
         read_timestamp=read_timestamp,
         source_timestamp=change.source.source_timestamp,
-        sort_keys=kind.sort_keys(context),
+        sort_keys=() if backfilled else kind.sort_keys(context),  # EV-6: no order there
         source_metadata=source_fields(kind, change, database),
         payload=dict(row),
         column_types=change.column_types,

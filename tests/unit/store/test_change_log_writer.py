@@ -180,7 +180,6 @@ def test_bad_changes_raise_typed_errors_and_write_nothing(changelog: ChangeLog, 
 
 
 @pytest.mark.parametrize(("metadata", "needle"), [
-    (SourceMetadata("postgresql-backfill", SOURCE_TIME, "1"), "backfill method"),
     (SourceMetadata("oracle-cdc-logminer", SOURCE_TIME, "1"), "is not one of"),
     (SourceMetadata("postgres-cdc-wal", datetime(2026, 1, 1), "1"),  # noqa: DTZ001 naive
      "no timezone"),
@@ -192,6 +191,20 @@ def test_bad_source_blocks_are_refused(changelog: ChangeLog, metadata: SourceMet
     with pytest.raises(InvalidArgument, match="at least one change"):
         changelog.append("pg", SourceTransaction(transaction().metadata, ()), None, {})
     assert changelog.position("pg") is None
+
+
+def test_a_backfill_transaction_is_taken_with_its_read_method(changelog: ChangeLog):
+    """Rows of a table backfilled again while the stream goes on come through the log, as
+    `postgresql-backfill` (EV-3), in the same atomic append as the source position."""
+    metadata = SourceMetadata("postgresql-backfill", SOURCE_TIME, "request-1", {})
+    rows = tuple(SourceChange("public.accounts", "INSERT", {"id": k},
+                              {"owner": f"o{k}", "balance": k}, {}, ACCOUNTS, "NEW_ROW",
+                              {"lsn": "0/20"}) for k in (1, 2))
+    changelog.append("pg", SourceTransaction(metadata, rows), None, {"again": 1})
+    records = data_records(changelog)
+    assert {r.source.read_method for r in records} == {"postgresql-backfill"}
+    assert sorted(m.keys["id"] for r in records for m in r.mods) == [1, 2]
+    assert changelog.position("pg").position == {"again": 1}
 
 
 def test_split_merge_and_retention_work_on_an_appended_log(tmp_path: Path):
