@@ -78,6 +78,17 @@ class Snapshot:
     cdc_start: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerHooks:
+    """How a capture worker talks to the stream it serves: `report(object, message)` puts a
+    problem in its errors, `requests()` is the latest request to backfill a table again
+    ({"id", "object"}, or None) and `progress(state)` hears how that request goes."""
+
+    report: Callable[[str, str], None] = lambda object_name, message: None
+    requests: Callable[[], dict[str, Any] | None] = lambda: None
+    progress: Callable[[dict[str, Any]], None] = lambda state: None
+
+
 RowSink = Callable[[SourceObject, list[dict[str, Any]], Any], None]
 """Takes a chunk of an object's snapshot rows (Python values, every column) and the resume
 token after it (JSON; None when the object's read cannot resume midway)."""

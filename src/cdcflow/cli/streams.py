@@ -20,6 +20,7 @@ from cdcflow.errors import CdcflowError
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import EmbeddedSource, PostgresSource, StreamDefinition
 from cdcflow.streams.discovery import discover_definition, discover_embedded
+from cdcflow.streams.rebackfill import request_backfill
 from cdcflow.streams.sources import remove_source
 from cdcflow.streams.states import check_deletable
 
@@ -149,6 +150,20 @@ def delete(ctx: click.Context, name: str, keep_slot: bool, as_json: bool) -> Non
         remove_source(record.definition, Path(catalog.path).resolve().parent)
     catalog.delete(name)
     _emit(as_json, {"name": name, "deleted": True, "kept_slot": keep_slot}, f"deleted {name}")
+
+
+@streams.command()
+@click.argument("name")
+@click.argument("object_name", metavar="OBJECT")
+@json_option
+@click.pass_context
+@_errors
+def backfill(ctx: click.Context, name: str, object_name: str, as_json: bool) -> None:
+    """Backfill one object (schema.table) again while the stream goes on; `status` shows
+    its progress under backfill_again."""
+    request = request_backfill(_catalog(ctx), name, object_name)
+    _emit(as_json, {"name": name} | request,
+          f"{name}: backfill of {object_name} requested ({request['id']})")
 
 
 @streams.command()

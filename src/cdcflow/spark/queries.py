@@ -93,3 +93,21 @@ def stop_between_batches(query: Any, control: QueryControl | None, until: int | 
         raise RuntimeError(f"the streaming query failed: {failure}")
     if query.isActive:
         query.stop()
+
+
+def committed_micros(query: Any) -> int | None:
+    """How far the query's last finished batch read the log: every record at or before this
+    commit time (micros) is written to its destinations. None before its first batch."""
+    progress = query.lastProgress if query is not None else None
+    if progress is None:
+        return None
+    sources = progress["sources"] if isinstance(progress, dict) else progress.sources
+    if not sources:
+        return None
+    first = sources[0]
+    end = first["endOffset"] if isinstance(first, dict) else first.endOffset
+    if isinstance(end, str):
+        end = json.loads(end) if end and end != "null" else None
+    if not isinstance(end, dict) or "timestamp" not in end:
+        return None
+    return int(end["timestamp"])

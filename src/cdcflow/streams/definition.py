@@ -46,6 +46,8 @@ class PostgresSource(BaseModel):
     primary_keys: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     numeric_precision: dict[str, tuple[int, int]] = Field(default_factory=dict)
     retained_wal_warning_mb: float = Field(default=1024.0, gt=0)
+    chunk_rows: int = Field(default=5_000, ge=1, le=1_000_000)
+    """Rows per chunk of a backfill (and of a table backfilled again)."""
 
     @field_validator("dsn")
     @classmethod

@@ -24,12 +24,13 @@ from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import CdcflowError, FailedPrecondition, InvalidArgument
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.spark.pipeline import start_query
-from cdcflow.spark.queries import QueryControl, stop_between_batches
+from cdcflow.spark.queries import QueryControl, committed_micros, stop_between_batches
 from cdcflow.store.changelog import open_log
 from cdcflow.streams.applier import Applier
 from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import Catalog, StreamRecord
 from cdcflow.streams.definition import EmbeddedSource
+from cdcflow.streams.rebackfill import Sweeper
 from cdcflow.streams.setup import StreamSetup, prepare_stream
 from cdcflow.streams.sources import open_source
 from cdcflow.streams.states import StreamState
@@ -86,6 +87,7 @@ class Runner:
         self.clock = clock
         self.workers: dict[str, Worker] = {}
         self.applier = Applier(clock, self._report_tables, self._table_failed)
+        self.sweeper = Sweeper(self.catalog)
         self.capture = CaptureWorkers(clock, self._capture_died)
 
     # ---- the loop -------------------------------------------------------------------------
@@ -243,6 +245,7 @@ class Runner:
         if setup.source.has_worker and self._now() - worker.stats.get("capture_at", 0) >= 2:
             worker.stats["capture_at"] = self._now()
             self.catalog.update_status(worker.name, capture=self._capture_status(setup))
+            self.sweeper.sweep_due(setup, committed_micros(worker.query))
 
     def _capture_status(self, setup: StreamSetup) -> dict[str, Any]:
         """The capture worker's position and lag in the log, and its process."""
@@ -316,6 +319,7 @@ class Runner:
         try:
             setup = self._setup(record, worker)
             self._catch_up_capture(setup)
+            self.sweeper.sweep_due(setup, None)  # notes a backfill done before the target
             log_path, _ = setup.source.log_location()
             target = to_micros(open_log(log_path).current_timestamp())
             if worker.query is not None and worker.query.exception() is not None:
@@ -325,6 +329,7 @@ class Runner:
                 worker.query = self._query(record, worker)
             query, worker.query = worker.query, None
             stop_between_batches(query, worker.control, until=target, timeout=None)
+            self.sweeper.sweep_due(setup, target)
             self.applier.watch(name, setup.tables, setup.apply_seconds)
             self.applier.apply_due(name, force=True)
             self.applier.forget(name)

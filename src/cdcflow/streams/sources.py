@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from cdcflow.capture.embedded import EmbeddedSource as EmbeddedChangeSource
 from cdcflow.capture.postgres.source import PostgresConfig
 from cdcflow.capture.postgres.source import PostgresSource as PostgresChangeSource
-from cdcflow.capture.source import ChangeSource
+from cdcflow.capture.source import ChangeSource, WorkerHooks
 from cdcflow.streams.definition import EmbeddedSource, PostgresSource, StreamDefinition
-
-Report = Callable[[str, str], None]
 
 
 def log_path(definition: StreamDefinition, home: str | Path) -> str:
@@ -20,9 +17,9 @@ def log_path(definition: StreamDefinition, home: str | Path) -> str:
 
 
 def open_source(definition: StreamDefinition, home: str | Path,
-                report: Report | None = None) -> ChangeSource:
-    """The source of a stream; `home` is the catalog's folder; `report(object, message)`
-    hears of problems a capture worker meets (a TRUNCATE, say)."""
+                hooks: WorkerHooks | None = None) -> ChangeSource:
+    """The source of a stream; `home` is the catalog's folder; `hooks` connect a capture
+    worker to its stream (its errors, requests to backfill a table again)."""
     match definition.source:
         case EmbeddedSource(database=database, change_stream=change_stream):
             return EmbeddedChangeSource(database, change_stream)
@@ -33,7 +30,8 @@ def open_source(definition: StreamDefinition, home: str | Path,
                 source.publication or default, log_path(definition, home),
                 definition.include, definition.exclude, source.heartbeat_seconds,
                 dict(source.primary_keys), dict(source.numeric_precision),
-                int(source.retained_wal_warning_mb * 1024 * 1024)), report=report)
+                int(source.retained_wal_warning_mb * 1024 * 1024), source.chunk_rows),
+            hooks=hooks)
     raise AssertionError(f"unhandled source {definition.source!r}")
 
 

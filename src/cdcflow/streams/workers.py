@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdcflow.capture.source import WorkerHooks
 from cdcflow.clock import Clock
+from cdcflow.errors import NotFound
 from cdcflow.model.timestamps import format_rfc3339, to_micros
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.streams.catalog import Catalog
@@ -27,6 +29,10 @@ from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.sources import open_source
 
 _CONTEXT = multiprocessing.get_context("spawn")
+BACKFILL_REQUEST = "backfill_request"
+"""The status entry `cdcflow streams backfill` writes: {"id", "object"}."""
+BACKFILL_PROGRESS = "backfill_again"
+"""The status entry where the capture worker reports how that request goes."""
 
 
 def run_capture(definition_json: str, catalog_path: str) -> None:
@@ -34,11 +40,12 @@ def run_capture(definition_json: str, catalog_path: str) -> None:
     reports (a TRUNCATE, say) go to the stream's errors in the catalog."""
     definition = StreamDefinition.parse(json.loads(definition_json))
     catalog = Catalog(catalog_path)
-
-    def report(object_name: str, message: str) -> None:
-        catalog.record_error(definition.name, object_name, message)
-
-    source = open_source(definition, Path(catalog_path).resolve().parent, report)
+    name = definition.name
+    hooks = WorkerHooks(
+        report=lambda object_name, message: catalog.record_error(name, object_name, message),
+        requests=lambda: _backfill_request(catalog, name),
+        progress=lambda state: catalog.update_status(name, **{BACKFILL_PROGRESS: state}))
+    source = open_source(definition, Path(catalog_path).resolve().parent, hooks)
     path, change_stream = source.log_location()
     log = ChangeLog.open(path)
     log.ensure_change_stream(change_stream)
@@ -48,6 +55,16 @@ def run_capture(definition_json: str, catalog_path: str) -> None:
         source.capture(log, stop)
     finally:
         source.close()
+
+
+def _backfill_request(catalog: Catalog, name: str) -> dict[str, Any] | None:
+    """The stream's pending request to backfill a table again; none for a stream the catalog
+    does not hold (deleted while its worker stops, or a worker run outside `cdcflow run`)."""
+    try:
+        request: dict[str, Any] | None = catalog.status(name).get(BACKFILL_REQUEST)
+    except NotFound:
+        return None
+    return request
 
 
 @dataclass(slots=True)

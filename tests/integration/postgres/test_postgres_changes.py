@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cdcflow.capture.source import WorkerHooks
 from cdcflow.events.files import EventFileWriter, read_json_events
 from cdcflow.localdb import LocalPostgres
 from cdcflow.spark.pipeline import start_query
@@ -45,8 +46,8 @@ def captured(pg: LocalPostgres, tmp_path: Path, name: str, include: list[str],
     run_backfill(setup, catalog, SYSTEM_CLOCK)
     log = ChangeLog.open(setup.source.log_location()[0])
     stop = threading.Event()
-    reporter = open_source(definition, tmp_path,
-                           lambda obj, msg: catalog.record_error(name, obj, msg))
+    reporter = open_source(definition, tmp_path, WorkerHooks(
+        report=lambda obj, msg: catalog.record_error(name, obj, msg)))
     worker = threading.Thread(target=reporter.capture, args=(log, stop))
     worker.start()
     try:

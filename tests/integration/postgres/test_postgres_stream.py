@@ -28,13 +28,14 @@ from cdcflow.table import CdcTable
 pytestmark = pytest.mark.integration
 
 
-def cli(catalog: Path, *args: str) -> Any:
+def cli(catalog: Path, *args: str, code: int = 0) -> Any:
+    """Run `cdcflow streams ... --json`; check its exit status; return its JSON output."""
     import subprocess
 
     result = subprocess.run([sys.executable, "-m", "cdcflow.cli.main", "streams", "--catalog",
                              str(catalog), *args, "--json"], capture_output=True, text=True,
                             timeout=120, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == code, result.stdout + result.stderr
     return json.loads(result.stdout)
 
 
@@ -46,6 +47,19 @@ def wait(condition: Any, what: str, seconds: float = 120) -> Any:
     return value
 
 
+def write_definition(folder: Path, name: str, pg: LocalPostgres, **source: Any) -> Path:
+    """A stream of every table of `public` into CDC tables and JSON events under `folder`."""
+    definition = folder / "pg.yaml"
+    definition.write_text(yaml.safe_dump({
+        "name": name, "backfill": "all", "include": ["public.*"],
+        "source": {"kind": "postgres", "dsn": pg.dsn(), "heartbeat_seconds": 1,
+                   "password_env": "CDCFLOW_TEST_PG_PASSWORD", **source},
+        "destinations": [{"kind": "cdc_table", "warehouse": str(folder / "warehouse")},
+                         {"kind": "event_files", "root": str(folder / "events")}],
+        "spark": {"trigger_seconds": 0.3}}))
+    return definition
+
+
 def test_a_postgres_stream_end_to_end_through_the_cli_and_the_runner(
         spark: Any, pg: LocalPostgres, pg_conn: Any, tmp_path: Path):
     with pg_conn.cursor() as cur:
@@ -53,14 +67,7 @@ def test_a_postgres_stream_end_to_end_through_the_cli_and_the_runner(
                     "numeric(12,2)); CREATE TABLE history (id int, delta int);"
                     "INSERT INTO accounts SELECT g, 'o' || g, g FROM generate_series(1, 50) g;"
                     "INSERT INTO history VALUES (1, 1), (2, 2)")
-    definition = tmp_path / "pg.yaml"
-    definition.write_text(yaml.safe_dump({
-        "name": "pg-shop", "backfill": "all", "include": ["public.*"],
-        "source": {"kind": "postgres", "dsn": pg.dsn(),
-                   "password_env": "CDCFLOW_TEST_PG_PASSWORD", "heartbeat_seconds": 1},
-        "destinations": [{"kind": "cdc_table", "warehouse": str(tmp_path / "warehouse")},
-                         {"kind": "event_files", "root": str(tmp_path / "events")}],
-        "spark": {"trigger_seconds": 0.3}}))
+    definition = write_definition(tmp_path, "pg-shop", pg)
     catalog_path = tmp_path / "catalog.db"
     cli(catalog_path, "create", str(definition))
     cli(catalog_path, "start", "pg-shop")

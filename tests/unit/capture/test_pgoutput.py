@@ -15,7 +15,7 @@ from cdcflow.capture.postgres.types import (
     parse_array,
     unified_type,
 )
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import InvalidArgument, TypeMismatch
 from cdcflow.model.types import ColumnType
 
 pytestmark = pytest.mark.unit
@@ -101,3 +101,12 @@ def test_types_and_text_values():
         exact("1.255")
     with pytest.raises(InvalidArgument, match=r"not a number|finite"):
         exact("NaN")
+
+
+def test_a_numeric_that_does_not_fit_the_given_precision_is_refused_not_rounded():
+    exact = converter(ColumnType("NUMERIC", precision=10, scale=2))
+    assert exact("12345678.91") == "12345678.91"
+    for too_fine, rule in (("123.456", "at most 2 fractional digits"),
+                           ("123456789.5", "at most 8 integer digits")):
+        with pytest.raises(TypeMismatch, match=rule):
+            exact(too_fine)

@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import psycopg2.extensions
 from psycopg2 import sql
 
 from cdcflow.capture.postgres.catalog import PgTable, TypeCache, read_tables, source_object
 from cdcflow.capture.postgres.connection import connect, typed
+from cdcflow.capture.postgres.snapshot import read_chunk
 from cdcflow.capture.postgres.stream import HEARTBEAT_PREFIX, CaptureLoop, Settings
-from cdcflow.capture.postgres.types import converter
-from cdcflow.capture.source import RowSink, Snapshot, SourceObject
+from cdcflow.capture.source import RowSink, Snapshot, SourceObject, WorkerHooks
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import InvalidArgument, NotFound
 from cdcflow.model.source import POSTGRES, lsn_number
@@ -51,6 +50,7 @@ class PostgresConfig:
     primary_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
     numeric: dict[str, tuple[int, int]] = field(default_factory=dict)
     retained_wal_warning_bytes: int = 1024 * 1024 * 1024
+    chunk_rows: int = CHUNK_ROWS
 
     def selects(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.include) and not any(
@@ -62,10 +62,10 @@ class PostgresSource:
     has_worker = True
 
     def __init__(self, config: PostgresConfig, clock: Clock = SYSTEM_CLOCK,
-                 report: Any = None) -> None:
+                 hooks: WorkerHooks | None = None) -> None:
         self.config = config
         self.clock = clock
-        self.report = report or (lambda obj, message: None)
+        self.hooks = hooks or WorkerHooks()
         self.source_id = f"postgres:{config.slot}"
         self._sql: Any = None
         self._exporter: Any = None  # the replication connection holding the snapshot
@@ -176,43 +176,17 @@ class PostgresSource:
             first = None if self._exporter is not None else snapshot.position.get("visible")
             for item in objects:
                 after = (resume or {}).get(item.name)
-                if after != "done":
-                    self._read_table(conn, item, sink, after, first)
+                while after != "done":
+                    rows, after, full = read_chunk(conn, item, after, first,
+                                                     self.config.chunk_rows)
+                    if rows:
+                        sink(item, [_python(row, item) for row in rows], after)
+                    after = after if full else "done"
         except Exception as error:
             raise typed(error, "reading the snapshot") from None
         finally:
             conn.rollback()
             conn.close()
-
-    def _read_table(self, conn: Any, item: SourceObject, sink: RowSink, after: Any,
-                    first: str | None) -> None:
-        """Key-ordered chunks from `after` on. A table without a key goes in ctid order and,
-        when read in a newer snapshot than the slot's (`first`, a pg_snapshot, is the slot's),
-        keeps only the rows the slot's snapshot saw: the slot streams the others."""
-        schema, table = item.name.split(".", 1)
-        order = [sql.Identifier(k) for k in item.primary_key] or [sql.SQL("ctid")]
-        texts = sql.SQL(", ").join(sql.SQL("{} AS {}").format(
-            sql.Identifier(c.name), sql.Identifier(f"_cdcflow_{i}"))
-            for i, c in enumerate(item.columns))
-        source = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
-        _as_output_text(conn, sql.SQL("SELECT {} FROM {} LIMIT 0").format(texts, source))
-        convert = [(c.name, converter(c.type), c.type) for c in item.columns]
-        order_list = sql.SQL(", ").join(order)
-        seen = sql.SQL("TRUE") if item.primary_key or first is None else _visible_in(first)
-        while True:
-            where = sql.SQL("") if after is None else sql.SQL(" AND ({}) > ({})").format(
-                order_list, sql.SQL(", ").join(sql.Placeholder() * len(order)))
-            query = sql.SQL("SELECT {}, {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
-                order_list, texts, source, seen, where, order_list, sql.Literal(CHUNK_ROWS))
-            with conn.cursor() as cur:
-                cur.execute(query, after or ())
-                fetched = cur.fetchall()
-            if not fetched:
-                return
-            after = [v if isinstance(v, int | str) else str(v) for v in fetched[-1][:len(order)]]
-            sink(item, [_row(r[len(order):], convert) for r in fetched], after)
-            if len(fetched) < CHUNK_ROWS:
-                return
 
     def release(self, snapshot: Snapshot) -> None:
         if self._exporter is not None:
@@ -224,12 +198,15 @@ class PostgresSource:
     def capture(self, log: ChangeLog, stop: threading.Event) -> None:
         settings = Settings(self.source_id, self.config.slot, self.config.publication,
                             self.config.heartbeat_seconds, self.config.selects,
-                            self.config.primary_keys, self.config.numeric, self.report)
+                            self.config.primary_keys, self.config.numeric, self.hooks.report,
+                            self.hooks.requests, self.hooks.progress, self.config.chunk_rows)
         replication = connect(self.config.dsn, self.config.password_env, replication=True)
+        reader = connect(self.config.dsn, self.config.password_env)
         try:
-            CaptureLoop(settings, log, replication, self._conn()).run(stop)
+            CaptureLoop(settings, log, replication, self._conn(), reader).run(stop)
         finally:
             replication.close()
+            reader.close()
 
     def mark(self) -> str:
         """Put a marker into the slot's stream now; return its LSN (see `reached`)."""
@@ -278,33 +255,6 @@ class PostgresSource:
                 conn.close()
 
 
-def _visible_in(snapshot: str) -> Any:
-    """A condition: the row's inserting transaction committed before `snapshot` (a
-    pg_snapshot text, xmin:xmax:xip). Transaction ids compare modulo 2^32 (xmin is 32 bits);
-    frozen rows (ids below 3) count as old."""
-    low, high, running = snapshot.split(":")
-    ids = [int(x) % 2**32 for x in running.split(",") if x]
-
-    def before(bound: int) -> Any:
-        return sql.SQL("(mod({} - xmin::text::bigint + 4294967296, 4294967296) "
-                       "BETWEEN 1 AND 2147483647)").format(sql.Literal(bound % 2**32))
-
-    return sql.SQL("(xmin::text::bigint < 3 OR {} OR ({} AND xmin::text::bigint <> ALL({})))"
-                   ).format(before(int(low)), before(int(high)),
-                            sql.Literal(ids or [-1]))
-
-
-def _as_output_text(conn: Any, query: Any) -> None:
-    """Have `conn` return the columns of `query` as their types' output text, exactly what
-    pgoutput sends (a `::text` cast differs for some types: bool gives true, char trims)."""
-    with conn.cursor() as cur:
-        cur.execute(query)
-        oids = tuple({column.type_code for column in cur.description})
-    raw = psycopg2.extensions.new_type(oids, "CDCFLOW_TEXT", lambda value, cursor: value)
-    psycopg2.extensions.register_type(raw, conn)  # arrays too: their OIDs are in `oids`
-
-
-def _row(texts: tuple[Any, ...], convert: list[Any]) -> dict[str, Any]:
-    """A snapshot row as Python values, through the same converters as the stream's."""
-    return {name: decode_value(to_encoded(text), ctype)
-            for text, (name, to_encoded, ctype) in zip(texts, convert, strict=True)}
+def _python(row: dict[str, Any], item: SourceObject) -> dict[str, Any]:
+    """A snapshot row (record encoding) as Python values."""
+    return {c.name: decode_value(row[c.name], c.type) for c in item.columns}

@@ -29,11 +29,14 @@ from cdcflow.capture.postgres import pgoutput
 from cdcflow.capture.postgres.catalog import TypeCache, primary_key
 from cdcflow.capture.postgres.changes import RelationShape, to_changes
 from cdcflow.capture.postgres.connection import typed
+from cdcflow.capture.postgres.rebackfill import HIGH, LOW, Rebackfill
 from cdcflow.capture.postgres.types import converter, unified_type
+from cdcflow.clock import SYSTEM_CLOCK
+from cdcflow.errors import InvalidArgument
 from cdcflow.model.changes import SourceChange, SourceTransaction
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.source import POSTGRES, SourceMetadata, lsn_number
-from cdcflow.model.timestamps import from_micros
+from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store.changelog import ChangeLog
 
 HEARTBEAT_PREFIX = "cdcflow-heartbeat"
@@ -53,6 +56,11 @@ class Settings:
     numeric: dict[str, tuple[int, int]]
     report: Callable[[str, str], None]
     """(object, message): a problem to show in `streams errors` (a TRUNCATE, say)."""
+    requests: Callable[[], dict[str, Any] | None] = lambda: None
+    """The latest request to backfill a table again ({"id", "object"}), if any."""
+    progress: Callable[[dict[str, Any]], None] = lambda state: None
+    """Hears how the request served goes."""
+    chunk_rows: int = 5_000
 
 
 SPILL_AT = 10_000
@@ -109,7 +117,8 @@ class _Transaction:
 class CaptureLoop:
     """One run of the loop; `run(stop)` returns when `stop` is set."""
 
-    def __init__(self, settings: Settings, log: ChangeLog, replication: Any, sql: Any) -> None:
+    def __init__(self, settings: Settings, log: ChangeLog, replication: Any, sql: Any,
+                 reader: Any = None) -> None:
         self.settings, self.log, self.replication, self.sql = settings, log, replication, sql
         self.cursor = replication.cursor()
         self.types = TypeCache()
@@ -120,6 +129,11 @@ class CaptureLoop:
         self.last_commit = 0 if self.after is None else lsn_number(self.after["commit_lsn"])
         self.heartbeat_due = time.monotonic() + settings.heartbeat_seconds
         self.feedback_due = time.monotonic() + KEEPALIVE_SECONDS
+        self.requests_due = 0.0
+        self.again = Rebackfill(sql, reader, self.types, settings.primary_keys, settings.chunk_rows,
+                                None if self.after is None else self.after.get("rebackfill"))
+        if self.again.state is not None:  # it may not have been heard before a restart
+            settings.progress(self.again.state)
 
     def run(self, stop: threading.Event) -> None:
         start = 0 if self.after is None else lsn_number(self.after["end_lsn"])
@@ -146,7 +160,27 @@ class CaptureLoop:
         self.cursor.send_feedback(force=True)
         self.feedback_due = time.monotonic() + KEEPALIVE_SECONDS
 
+    def _between_transactions(self) -> None:
+        """Serve a request to backfill a table again: read its next chunk between watermarks
+        unless one is in flight (checked between transactions, busy or idle)."""
+        if self.transaction is not None or self.again.chunk is not None:
+            return
+        if not self.again.busy and time.monotonic() < self.requests_due:
+            return
+        self.requests_due = time.monotonic() + 1.0
+        self.again.take(self.settings.requests(), to_micros(self.log.current_timestamp()) + 1)
+        if not self.again.busy:
+            return
+        try:
+            self.again.read_next(self._emit)
+        except InvalidArgument as error:  # the table went, or lost its key, since the request
+            assert self.again.state is not None
+            self.again.state |= {"done": True, "failed": str(error)}
+            self.settings.report(self.again.state["object"], str(error))
+            self.settings.progress(self.again.state)
+
     def _idle(self) -> None:
+        self._between_transactions()
         if self.transaction is None and time.monotonic() >= self.heartbeat_due:
             with self.sql.cursor() as cur:
                 cur.execute("SELECT pg_logical_emit_message(false, %s, now()::text)",
@@ -163,12 +197,17 @@ class CaptureLoop:
             case pgoutput.Insert() | pgoutput.Update() | pgoutput.Delete():
                 shape = self.shapes.get(message.relation_id)
                 if shape is not None and self.transaction is not None:
-                    self.transaction.add(to_changes(shape, message, lsn))
+                    changes = to_changes(shape, message, lsn)
+                    self.again.saw(changes)
+                    self.transaction.add(changes)
             case pgoutput.Truncate():
                 self._truncated(message)
             case pgoutput.Message(prefix=prefix, transactional=False) \
                     if prefix == HEARTBEAT_PREFIX and self.transaction is None:
                 self._heartbeat(message.lsn)
+            case pgoutput.Message(prefix=prefix, transactional=False, content=content) \
+                    if prefix in (LOW, HIGH) and self.again.watermark(prefix, content):
+                self._chunk_done(message.lsn)
             case pgoutput.Commit():
                 self._commit(message)
 
@@ -188,13 +227,37 @@ class CaptureLoop:
         return RelationShape(name, tuple(c.name for c in relation.columns),
                              tuple(converter(t) for t in types), column_types, keys)
 
+    def _emit(self, prefix: str, content: str) -> None:
+        with self.sql.cursor() as cur:
+            cur.execute("SELECT pg_logical_emit_message(false, %s, %s)", (prefix, content))
+
+    def _position(self, commit_lsn: int, end_lsn: int) -> dict[str, Any]:
+        """The source position: where a restart streams from, the last commit appended, and
+        the progress of a table being backfilled again."""
+        position: dict[str, Any] = {"commit_lsn": pgoutput.lsn_text(commit_lsn),
+                                    "end_lsn": pgoutput.lsn_text(end_lsn)}
+        if self.again.state is not None:
+            position["rebackfill"] = self.again.state
+        return position
+
+    def _chunk_done(self, lsn: int) -> None:
+        """At the high watermark: the chunk's rows the stream did not change meanwhile."""
+        transaction = self.again.finish(lsn, SYSTEM_CLOCK.now())
+        position = self._position(self.last_commit, lsn)
+        if transaction is not None:
+            self.log.append(self.settings.source_id, transaction, self.after, position)
+        else:
+            self.log.advance(self.settings.source_id, self.after, position)
+        self.after = position
+        assert self.again.state is not None
+        self.settings.progress(self.again.state)
+
     def _heartbeat(self, lsn: int) -> None:
         """Every transaction that committed before this message is in the log: resume from
         here after a restart, and let the server free the WAL before it."""
         if self.after is not None and lsn <= lsn_number(self.after["end_lsn"]):
             return
-        position = {"commit_lsn": pgoutput.lsn_text(self.last_commit),
-                    "end_lsn": pgoutput.lsn_text(lsn)}
+        position = self._position(self.last_commit, lsn)
         self.log.advance(self.settings.source_id, self.after, position)
         self.after = position
         self.cursor.send_feedback(flush_lsn=lsn)
@@ -229,8 +292,7 @@ class CaptureLoop:
         transaction, self.transaction = self.transaction, None
         if commit.commit_lsn <= self.last_commit:
             return  # appended before a restart
-        position = {"commit_lsn": pgoutput.lsn_text(commit.commit_lsn),
-                    "end_lsn": pgoutput.lsn_text(commit.end_lsn)}
+        position = self._position(commit.commit_lsn, commit.end_lsn)
         if transaction is not None and not transaction.empty():
             metadata = SourceMetadata(POSTGRES.cdc_method, from_micros(commit.commit_micros),
                                       str(transaction.begin.xid),
@@ -250,3 +312,4 @@ class CaptureLoop:
             self.log.advance(self.settings.source_id, self.after, position)
         self.after, self.last_commit = position, commit.commit_lsn
         self.cursor.send_feedback(flush_lsn=commit.end_lsn)
+        self._between_transactions()
