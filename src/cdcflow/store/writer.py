@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from cdcflow.errors import FailedPrecondition, InvalidArgument
-from cdcflow.model.changes import (
-    SourceTransaction,
-    validate_change,
-    validate_metadata,
-    validate_transaction,
-)
+from cdcflow.model.changes import SourceTransaction, validate_change, validate_metadata
 from cdcflow.model.source import SourceKind, SourceMetadata
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store import log
@@ -61,32 +57,58 @@ class LogWriter(ABC):
         another one for `source` (a second worker appended meanwhile), nothing is written and
         FailedPrecondition is raised. Resume invariant: `position(source)` is always the
         position after the last appended transaction, so a source that resumes from it never
-        appends a transaction twice and never skips one.
+        appends a transaction twice and never skips one. A transaction that breaks a rule is
+        InvalidArgument naming the change and the rule, and nothing is written.
         """
-        validate_transaction(transaction)
         return self.append_large(source, transaction.metadata, lambda: transaction.changes,
                                  after, position)
+
+    def append_many(self, source: str, transactions: Sequence[SourceTransaction],
+                    after: dict[str, Any] | None, position: dict[str, Any]) -> list[datetime]:
+        """Append several committed source transactions, in source order and each at its own
+        log commit timestamp, and the source's position after the last, in ONE log
+        transaction: a capture worker that is behind pays one commit for many. The same
+        checks and guarantees as `append`; if any transaction breaks a rule, none is written."""
+        if not transactions:
+            raise InvalidArgument("append_many needs at least one source transaction")
+        session = self._session()
+        with write_transaction(session.conn):
+            catalog = session.refresh()
+            self._check_after(source, after)
+            written = [self._write(session, catalog, t.metadata, _changes_of(t))
+                       for t in transactions]
+            log.write_position(session.conn, source, position,
+                               to_micros(transactions[-1].metadata.source_timestamp),
+                               written[-1])
+        return [from_micros(micros) for micros in written]
 
     def append_large(self, source: str, metadata: SourceMetadata, changes: Changes,
                      after: dict[str, Any] | None, position: dict[str, Any]) -> datetime:
         """`append` for a transaction too large to hold in memory: `changes()` yields its
         changes in source order (from a file, say) and is called a few times; memory stays
         bounded by a record per partition. The same checks and guarantees as `append`."""
-        kind = validate_metadata(metadata)
         session = self._session()
         with write_transaction(session.conn):
             catalog = session.refresh()
-            tables = _scan(kind, metadata, changes, catalog, session)
             self._check_after(source, after)
-            micros = next_commit_micros(session.conn, self._now_micros())
-            streams = [s for s in catalog.streams.values()
-                       if any(s.watches(table) for table in tables)]
-            entries = source_records(metadata, changes, streams, session.ranges_of,
-                                     from_micros(micros), next_transaction_id(session))
-            append_entries(session, catalog, entries, micros)
+            micros = self._write(session, catalog, metadata, changes)
             log.write_position(session.conn, source, position,
                                to_micros(metadata.source_timestamp), micros)
         return from_micros(micros)
+
+    def _write(self, session: Session, catalog: Catalog, metadata: SourceMetadata,
+               changes: Changes) -> int:
+        """Check one transaction and write its records at the next commit timestamp, inside
+        the caller's write transaction; return that timestamp."""
+        kind = validate_metadata(metadata)
+        tables = _scan(kind, metadata, changes, catalog, session)
+        micros = next_commit_micros(session.conn, self._now_micros())
+        streams = [s for s in catalog.streams.values()
+                   if any(s.watches(table) for table in tables)]
+        entries = source_records(metadata, changes, streams, session.ranges_of,
+                                 from_micros(micros), next_transaction_id(session))
+        append_entries(session, catalog, entries, micros)
+        return micros
 
     def advance(self, source: str, after: dict[str, Any] | None,
                 position: dict[str, Any]) -> None:
@@ -121,6 +143,10 @@ class LogWriter(ABC):
         session = self._session()
         with write_transaction(session.conn):
             log.delete_position(session.conn, source)
+
+
+def _changes_of(transaction: SourceTransaction) -> Changes:
+    return lambda: transaction.changes
 
 
 def _scan(kind: SourceKind, metadata: SourceMetadata, changes: Changes, catalog: Catalog,

@@ -79,6 +79,35 @@ def test_append_writes_records_with_source_block_and_position_atomically(changel
     assert stored.source_timestamp == SOURCE_TIME and stored.appended_at == at
 
 
+def test_append_many_gives_each_transaction_its_own_commit_and_stores_the_last_position(
+        changelog: ChangeLog):
+    batch = [transaction(change("INSERT", 1, 10), tx_id="701"),
+             transaction(change("UPDATE", 1, 11), change("INSERT", 2, 20), tx_id="702"),
+             transaction(change("DELETE", 1), tx_id="703")]
+    times = changelog.append_many("pg", batch, None, {"lsn": "0/99"})
+    assert times == sorted(set(times)) and len(times) == 3  # strictly increasing
+    records = data_records(changelog)
+    by_tx = {r.source.tx_id: r.commit_timestamp for r in records}
+    assert by_tx == {"701": times[0], "702": times[1], "703": times[2]}
+    assert sum(len(r.mods) for r in records) == 4
+    stored = changelog.position("pg")
+    assert stored is not None and stored.position == {"lsn": "0/99"}
+    assert stored.appended_at == times[-1]
+
+
+def test_append_many_writes_nothing_when_one_transaction_is_bad(changelog: ChangeLog):
+    bad = transaction(change("UPSERT", 2, 1), tx_id="702")  # not a mod type
+    with pytest.raises(InvalidArgument, match="UPSERT"):
+        changelog.append_many("pg", [transaction(change("INSERT", 1, 1)), bad], None,
+                              {"lsn": "0/2"})
+    with pytest.raises(InvalidArgument, match="at least one"):
+        changelog.append_many("pg", [], None, {"lsn": "0/2"})
+    with pytest.raises(FailedPrecondition, match="another capture worker"):
+        changelog.append_many("pg", [transaction(change("INSERT", 1, 1))], {"lsn": "0/1"},
+                              {"lsn": "0/2"})
+    assert data_records(changelog) == [] and changelog.position("pg") is None
+
+
 def test_changes_are_routed_by_key_hash_like_native_commits(tmp_path: Path):
     log = ChangeLog.open(tmp_path / "x.log", initial_partitions=4)
     log.ensure_change_stream("changes")
