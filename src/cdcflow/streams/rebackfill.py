@@ -47,7 +47,11 @@ def request_backfill(catalog: Catalog, name: str, object_name: str) -> dict[str,
                               f"(include {list(definition.include)}, exclude "
                               f"{list(definition.exclude)})")
     home = Path(catalog.path).resolve().parent
-    found = {o.name: o for o in open_source(definition, home).discover()}
+    source = open_source(definition, home)
+    try:
+        found = {o.name: o for o in source.discover()}
+    finally:
+        source.close()
     if object_name not in found:
         raise InvalidArgument(f"object {object_name!r} does not exist in the source of "
                               f"stream {name!r}")
@@ -61,6 +65,12 @@ def request_backfill(catalog: Catalog, name: str, object_name: str) -> dict[str,
         raise FailedPrecondition(
             f"stream {name!r} is still backfilling {pending['object']!r} again (request "
             f"{pending['id']}); a new request can follow when it is done")
+    if progress.get("done") and not progress.get("failed") and \
+            (status.get(SWEPT) or {}).get("id") != progress["id"]:
+        raise FailedPrecondition(
+            f"stream {name!r} has backfilled {progress['object']!r} again but not yet swept "
+            f"its table of the rows the source lost (request {progress['id']}); a new request "
+            "can follow once backfill_swept names it (the runner must be running)")
     request = {"id": uuid.uuid4().hex, "object": object_name}
     catalog.update_status(name, **{REQUEST: request})
     return request
@@ -84,8 +94,9 @@ class Sweeper:
                 (status.get(SWEPT) or {}).get("id") == progress["id"]:
             return None
         log_path, _ = setup.source.log_location()
-        mark = self.marks.setdefault(progress["id"],
-                                     to_micros(open_log(log_path).current_timestamp()))
+        if progress["id"] not in self.marks:
+            self.marks[progress["id"]] = to_micros(open_log(log_path).current_timestamp())
+        mark = self.marks[progress["id"]]
         if committed is None or committed < mark:
             return None
         root = setup.tables.get(progress["object"])

@@ -129,3 +129,54 @@ def test_a_table_backfilled_again_while_streaming_equals_the_source(
     assert again and all(e["sort_keys"] == [] for e in again)  # EV-6: no order there
     # a chunk read again after a kill gives its rows the same uuids: one uuid per key
     assert len({e["uuid"] for e in again}) == len({e["payload"]["id"] for e in again})
+
+
+def test_a_table_dropped_mid_request_fails_the_request_and_capture_goes_on(
+        spark: Any, pg: LocalPostgres, pg_conn: Any, tmp_path: Path):
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE doomed (id int PRIMARY KEY, v int);"
+                    "CREATE TABLE kept (id int PRIMARY KEY, v int);"
+                    "INSERT INTO doomed SELECT g, g FROM generate_series(1, 20000) g")
+    definition = write_definition(tmp_path, "pg-again", pg, chunk_rows=50)
+    catalog_path = tmp_path / "catalog.db"
+    cli(catalog_path, "create", str(definition))
+    cli(catalog_path, "start", "pg-again")
+    runner = Runner(catalog_path, spark, poll_seconds=0.2, backoff_seconds=0.2)
+    stop = threading.Event()
+    thread = threading.Thread(target=runner.run, args=(stop,))
+    thread.start()
+    catalog = Catalog(catalog_path)
+
+    def lands(key: int) -> None:
+        with pg_conn.cursor() as cur:
+            cur.execute("INSERT INTO kept VALUES (%s, %s)", (key, key))
+        table = CdcTable.open(tmp_path / "warehouse" / "public.kept")
+        wait(lambda: table.lookup([(key,)]), f"row {key} of kept in its CDC table", 120)
+
+    try:
+        wait(lambda: catalog.get("pg-again").state.value == "RUNNING", "RUNNING", 180)
+        request = cli(catalog_path, "backfill", "pg-again", "public.doomed")
+        wait(lambda: progress(catalog).get("chunks", 0) >= 2, "two chunks read again")
+        with pg_conn.cursor() as cur:
+            cur.execute("DROP TABLE doomed")
+        failed = wait(lambda: progress(catalog).get("failed") and progress(catalog),
+                      "the request to fail", 60)
+        lands(1)  # the capture goes on
+        pid = catalog.status("pg-again")["capture"]["pid"]
+        os.kill(pid, signal.SIGKILL)  # a restarted worker must not try the request again
+        wait(lambda: catalog.status("pg-again")["capture"].get("pid") not in (None, pid),
+             "a restarted capture worker", 60)
+        lands(2)
+        again = cli(catalog_path, "backfill", "pg-again", "public.kept")  # the next may come
+        wait(lambda: catalog.status("pg-again").get("backfill_swept", {}).get("id")
+             == again["id"], "the next request swept", 120)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert failed["id"] == request["id"] and failed["done"] and failed["chunks"] < 400
+    assert "doomed" in failed["failed"]
+    errors = cli(catalog_path, "errors", "pg-again")
+    assert any(e["object"] == "public.doomed" and ("does not exist" in e["message"] or
+                                                   "dropped" in e["message"]) for e in errors)
+    assert not any("FailedPrecondition" in e["message"] or "another capture worker" in
+                   e["message"] for e in errors)

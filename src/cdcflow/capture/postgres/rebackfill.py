@@ -8,14 +8,24 @@ key they change is dropped from the chunk, since the stream carries its newer va
 high watermark the rest of the chunk is appended to the change log as one transaction of
 whole rows (read method `postgresql-backfill`), together with the request's progress in the
 source position, so a worker killed mid-way goes on from its last appended chunk.
+
+A commit is written to the WAL a moment before other sessions can see it (longer under
+synchronous replication), so a transaction can precede the low watermark in the stream and
+still be invisible to the chunk's snapshot. The chunk is therefore read in a REPEATABLE READ
+transaction whose snapshot (`pg_current_snapshot()`) is kept: the keys of every streamed
+transaction that snapshot cannot see are dropped as well, whether it came before the low
+watermark (recent ones are remembered) or after.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import psycopg2.errors
 
 from cdcflow.capture.postgres.catalog import TypeCache, read_tables, source_object
 from cdcflow.capture.postgres.pgoutput import lsn_text
@@ -27,6 +37,35 @@ from cdcflow.model.source import POSTGRES, SourceMetadata
 
 LOW = "cdcflow-low-watermark"
 HIGH = "cdcflow-high-watermark"
+RECENT_CHANGES = 100_000
+"""How many changes of the table being read again are remembered with their transaction."""
+_WRAP = 2**32
+
+
+def _precedes(a: int, b: int) -> bool:
+    """Transaction id `a` comes before `b`, 32-bit ids compared modulo 2^32 as PostgreSQL
+    does."""
+    return 0 < (b - a) % _WRAP < _WRAP // 2
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotView:
+    """Which transactions a pg_snapshot (xmin:xmax:xip) sees, for pgoutput's 32-bit ids."""
+
+    xmin: int
+    xmax: int
+    running: frozenset[int]
+
+    @staticmethod
+    def parse(text: str) -> SnapshotView:
+        low, high, running = text.split(":")
+        return SnapshotView(int(low) % _WRAP, int(high) % _WRAP,
+                            frozenset(int(x) % _WRAP for x in running.split(",") if x))
+
+    def sees(self, xid: int) -> bool:
+        if _precedes(xid, self.xmin):
+            return True
+        return _precedes(xid, self.xmax) and xid not in self.running
 
 
 @dataclass(slots=True)
@@ -36,7 +75,16 @@ class Chunk:
     rows: dict[tuple[Any, ...], dict[str, Any]]
     after: Any
     more: bool
+    view: SnapshotView
     open: bool = False
+
+    def drop_unseen(self, recent: Iterable[tuple[int, dict[str, Any]]],
+                    keys: tuple[str, ...]) -> None:
+        """Leave out the rows that streamed transactions the chunk's snapshot could not see
+        changed: those transactions are in the log already, with newer values."""
+        for xid, changed in recent:
+            if not self.view.sees(xid):
+                self.rows.pop(tuple(changed[k] for k in keys), None)
 
 
 @dataclass(slots=True)
@@ -48,51 +96,80 @@ class Rebackfill:
     """A connection of its own for the chunks (they are read as output text)."""
     types: TypeCache
     primary_keys: dict[str, tuple[str, ...]]
+    numeric: dict[str, tuple[int, int]]
     chunk_rows: int
     state: dict[str, Any] | None
     item: SourceObject | None = None
     chunk: Chunk | None = None
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    recent: deque[tuple[int, dict[str, Any]]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_CHANGES))
+    """(transaction id, keys) of the latest streamed changes of the table being read."""
 
     def take(self, request: dict[str, Any] | None, since: int) -> None:
         """Start serving `request` ({"id", "object"}) unless it is the one served already.
         `since` (log micros) is below every commit the log will take from now on: after the
         last chunk, a row of the table whose latest change is older is gone from the source
         (see `cdcflow.table.CdcTable.delete_older_than`)."""
-        if request is None or (self.state is not None and self.state["id"] == request["id"]):
-            return
+        if request is None or self.busy or (self.state is not None and
+                                            self.state["id"] == request["id"]):
+            return  # one request at a time: a newer one waits until this is done
         self.state = {"id": request["id"], "object": request["object"], "after": None,
                       "chunks": 0, "rows": 0, "done": False, "since": since}
         self.item = None
+        self.recent.clear()
 
     @property
     def busy(self) -> bool:
         return self.state is not None and not self.state["done"]
 
     def _object(self) -> SourceObject:
-        if self.item is None:
-            assert self.state is not None
-            name = self.state["object"]
-            tables = [t for t in read_tables(self.sql) if t.object_name == name]
-            if not tables:
-                raise InvalidArgument(f"table {name!r} to backfill again does not exist")
-            self.types.load(self.sql, {c.type_oid for c in tables[0].columns})
-            self.item = source_object(tables[0], self.types, self.primary_keys.get(name))
-            if not self.item.primary_key:
-                raise InvalidArgument(f"table {name!r} has no primary key: a backfill of it "
-                                      "while the stream goes on needs one (primary_keys)")
-        return self.item
+        """The table as it is now (read for every chunk: columns may come and go)."""
+        assert self.state is not None
+        name = self.state["object"]
+        tables = [t for t in read_tables(self.sql) if t.object_name == name]
+        if not tables:
+            raise InvalidArgument(f"table {name!r} to backfill again does not exist")
+        self.types.load(self.sql, {c.type_oid for c in tables[0].columns})
+        numeric = {k.rsplit(".", 1)[1]: v for k, v in self.numeric.items()
+                   if k.rsplit(".", 1)[0] == name}
+        item = source_object(tables[0], self.types, self.primary_keys.get(name), numeric)
+        if not item.primary_key:
+            raise InvalidArgument(f"table {name!r} has no primary key: a backfill of it "
+                                  "while the stream goes on needs one (primary_keys)")
+        return item
 
     def read_next(self, emit: Callable[[str, str], None]) -> None:
-        """Low watermark, the next chunk, high watermark."""
+        """Low watermark, the next chunk in a snapshot of its own, high watermark. Rows that
+        recent transactions invisible to that snapshot changed are left out at once."""
         assert self.state is not None
-        item = self._object()
+        self.item = item = self._object()
         emit(LOW, self.token)
-        rows, after, more = read_chunk(self.reader, item, self.state["after"], None,
-                                       self.chunk_rows)
+        view, (rows, after, more) = self._read(item)
         emit(HIGH, self.token)
         keys = item.primary_key
-        self.chunk = Chunk({tuple(r[k] for k in keys): r for r in rows}, after, more)
+        chunk = Chunk({tuple(r[k] for k in keys): r for r in rows}, after, more, view)
+        chunk.drop_unseen(self.recent, keys)
+        self.chunk = chunk
+
+    def _read(self, item: SourceObject) -> tuple[SnapshotView, Any]:
+        assert self.state is not None
+        with self.reader.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                cur.execute("SELECT pg_current_snapshot()::text")
+                (snapshot,) = cur.fetchone()
+                read = read_chunk(self.reader, item, self.state["after"], None,
+                                  self.chunk_rows)
+            except psycopg2.errors.UndefinedTable:
+                raise InvalidArgument(f"table {item.name!r} to backfill again was dropped "
+                                      "while it was read") from None
+            except psycopg2.errors.UndefinedColumn as error:
+                raise InvalidArgument(f"table {item.name!r} changed shape while it was read "
+                                      f"({str(error).strip()}); ask again") from None
+            finally:
+                cur.execute("ROLLBACK")
+        return SnapshotView.parse(snapshot), read
 
     def watermark(self, prefix: str, content: bytes) -> bool:
         """Note a watermark of ours; True at the high one, when the chunk is ready."""
@@ -103,14 +180,20 @@ class Rebackfill:
             return False
         return prefix == HIGH
 
-    def saw(self, changes: list[SourceChange]) -> None:
-        """Changes committed while the chunk was read win over its rows."""
-        if self.chunk is None or not self.chunk.open or self.item is None:
+    def saw(self, changes: list[SourceChange], xid: int) -> None:
+        """Changes committed while the chunk was read, or by a transaction its snapshot could
+        not see, win over its rows."""
+        if not self.busy:
             return
+        name = self.state["object"] if self.state is not None else None
+        chunk, item = self.chunk, self.item
         for change in changes:
-            if change.table == self.item.name:
-                self.chunk.rows.pop(tuple(change.keys[k] for k in self.item.primary_key),
-                                    None)
+            if change.table != name:
+                continue
+            self.recent.append((xid, change.keys))
+            if chunk is not None and item is not None and (chunk.open or
+                                                           not chunk.view.sees(xid)):
+                chunk.rows.pop(tuple(change.keys[k] for k in item.primary_key), None)
 
     def finish(self, lsn: int, source_time: Any) -> SourceTransaction | None:
         """The chunk's remaining rows as one transaction (None: nothing left), and the

@@ -1,7 +1,8 @@
 """The capture loop: a replication slot's pgoutput stream into the change log.
 
-Each committed transaction is appended with the source position after it, `{"commit_lsn",
-"end_lsn"}`, in one log transaction; only then is its end LSN confirmed to the server
+Committed transactions are appended with the source position after the last of them,
+`{"commit_lsn", "end_lsn"}`, in one log transaction: one at a time while the worker keeps up,
+in batches while it is behind. Only then is that end LSN confirmed to the server
 (`send_feedback`). A restart streams from the stored end LSN and skips every transaction
 whose commit LSN is not past the stored one, so none is appended twice. (Several messages can
 share an LSN, as BEGIN does with the first change: transactions are told apart by their
@@ -32,7 +33,7 @@ from cdcflow.capture.postgres.connection import typed
 from cdcflow.capture.postgres.rebackfill import HIGH, LOW, Rebackfill
 from cdcflow.capture.postgres.types import converter, unified_type
 from cdcflow.clock import SYSTEM_CLOCK
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import InvalidArgument, TypeMismatch
 from cdcflow.model.changes import SourceChange, SourceTransaction
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.source import POSTGRES, SourceMetadata, lsn_number
@@ -63,6 +64,9 @@ class Settings:
     chunk_rows: int = 5_000
 
 
+BATCH_TRANSACTIONS, BATCH_CHANGES, BATCH_SECONDS = 500, 5_000, 0.1
+"""A worker that is behind appends up to this many committed transactions (or changes, or
+seconds' worth) in one log transaction; one that keeps up appends each as it comes."""
 SPILL_AT = 10_000
 """A transaction with more changes than this keeps them in a temporary file, not in memory."""
 
@@ -130,7 +134,11 @@ class CaptureLoop:
         self.heartbeat_due = time.monotonic() + settings.heartbeat_seconds
         self.feedback_due = time.monotonic() + KEEPALIVE_SECONDS
         self.requests_due = 0.0
-        self.again = Rebackfill(sql, reader, self.types, settings.primary_keys, settings.chunk_rows,
+        self.batch: list[SourceTransaction] = []
+        self.batch_changes, self.batch_due = 0, 0.0
+        self.unsaved: dict[str, Any] | None = None  # the position after the batch
+        self.again = Rebackfill(sql, reader, self.types, settings.primary_keys, settings.numeric,
+                                settings.chunk_rows,
                                 None if self.after is None else self.after.get("rebackfill"))
         if self.again.state is not None:  # it may not have been heard before a restart
             settings.progress(self.again.state)
@@ -148,11 +156,16 @@ class CaptureLoop:
         while not stop.is_set():
             message = self.cursor.read_message()
             if message is None:
+                self._flush()
                 self._idle()
                 continue
             self._handle(pgoutput.decode(message.payload), message.data_start)
+            if self.batch and (len(self.batch) >= BATCH_TRANSACTIONS or self.batch_changes >=
+                               BATCH_CHANGES or time.monotonic() >= self.batch_due):
+                self._flush()
             if time.monotonic() >= self.feedback_due:  # busy for long: still say we live
                 self._keepalive()
+        self._flush()
 
     def _keepalive(self) -> None:
         """A status update to the server (the last confirmed LSN again), so that a long
@@ -168,16 +181,24 @@ class CaptureLoop:
         if not self.again.busy and time.monotonic() < self.requests_due:
             return
         self.requests_due = time.monotonic() + 1.0
+        self._flush()  # the request's state rides in the positions from here on
         self.again.take(self.settings.requests(), to_micros(self.log.current_timestamp()) + 1)
         if not self.again.busy:
             return
         try:
             self.again.read_next(self._emit)
-        except InvalidArgument as error:  # the table went, or lost its key, since the request
-            assert self.again.state is not None
-            self.again.state |= {"done": True, "failed": str(error)}
-            self.settings.report(self.again.state["object"], str(error))
-            self.settings.progress(self.again.state)
+        except (InvalidArgument, TypeMismatch) as error:  # the table went, lost its key...
+            self._rebackfill_failed(str(error))
+
+    def _rebackfill_failed(self, why: str) -> None:
+        """End the request as failed, durably (a restart must not try it again), and say so."""
+        assert self.again.state is not None
+        self.again.state = self.again.state | {"done": True, "failed": why}
+        end = 0 if self.after is None else lsn_number(self.after["end_lsn"])
+        self.unsaved = self._position(self.last_commit, end)
+        self._flush()
+        self.settings.report(self.again.state["object"], why)
+        self.settings.progress(self.again.state)
 
     def _idle(self) -> None:
         self._between_transactions()
@@ -198,7 +219,7 @@ class CaptureLoop:
                 shape = self.shapes.get(message.relation_id)
                 if shape is not None and self.transaction is not None:
                     changes = to_changes(shape, message, lsn)
-                    self.again.saw(changes)
+                    self.again.saw(changes, self.transaction.begin.xid)
                     self.transaction.add(changes)
             case pgoutput.Truncate():
                 self._truncated(message)
@@ -237,11 +258,12 @@ class CaptureLoop:
         position: dict[str, Any] = {"commit_lsn": pgoutput.lsn_text(commit_lsn),
                                     "end_lsn": pgoutput.lsn_text(end_lsn)}
         if self.again.state is not None:
-            position["rebackfill"] = self.again.state
+            position["rebackfill"] = dict(self.again.state)  # a copy: state moves on
         return position
 
     def _chunk_done(self, lsn: int) -> None:
         """At the high watermark: the chunk's rows the stream did not change meanwhile."""
+        self._flush()
         transaction = self.again.finish(lsn, SYSTEM_CLOCK.now())
         position = self._position(self.last_commit, lsn)
         if transaction is not None:
@@ -255,6 +277,7 @@ class CaptureLoop:
     def _heartbeat(self, lsn: int) -> None:
         """Every transaction that committed before this message is in the log: resume from
         here after a restart, and let the server free the WAL before it."""
+        self._flush()
         if self.after is not None and lsn <= lsn_number(self.after["end_lsn"]):
             return
         position = self._position(self.last_commit, lsn)
@@ -289,27 +312,52 @@ class CaptureLoop:
                     "rows; backfill the table again to match the source"))
 
     def _commit(self, commit: pgoutput.Commit) -> None:
+        """Put a committed transaction into the batch (a large one is appended on its own);
+        a transaction with nothing selected only moves the position."""
         transaction, self.transaction = self.transaction, None
         if commit.commit_lsn <= self.last_commit:
             return  # appended before a restart
         position = self._position(commit.commit_lsn, commit.end_lsn)
-        if transaction is not None and not transaction.empty():
+        self.last_commit = commit.commit_lsn
+        if transaction is None or transaction.empty():
+            self.unsaved = position
+        else:
             metadata = SourceMetadata(POSTGRES.cdc_method, from_micros(commit.commit_micros),
                                       str(transaction.begin.xid),
                                       {"commit_lsn": position["commit_lsn"]})
-            try:
-                if transaction.spill is None:
-                    self.log.append(self.settings.source_id,
-                                    SourceTransaction(metadata, tuple(transaction.changes)),
-                                    self.after, position)
-                else:
-                    with self._keeping_alive():
-                        self.log.append_large(self.settings.source_id, metadata,
-                                              transaction.read, self.after, position)
-            finally:
-                transaction.close()
-        else:
-            self.log.advance(self.settings.source_id, self.after, position)
-        self.after, self.last_commit = position, commit.commit_lsn
-        self.cursor.send_feedback(flush_lsn=commit.end_lsn)
+            if transaction.spill is None:
+                if not self.batch:
+                    self.batch_due = time.monotonic() + BATCH_SECONDS
+                self.batch.append(SourceTransaction(metadata, tuple(transaction.changes)))
+                self.batch_changes += len(transaction.changes)
+                self.unsaved = position
+            else:
+                self._flush()
+                self._append_large(metadata, transaction, position)
         self._between_transactions()
+
+    def _append_large(self, metadata: SourceMetadata, transaction: _Transaction,
+                      position: dict[str, Any]) -> None:
+        try:
+            with self._keeping_alive():
+                self.log.append_large(self.settings.source_id, metadata, transaction.read,
+                                      self.after, position)
+        finally:
+            transaction.close()
+        self._saved(position)
+
+    def _flush(self) -> None:
+        """Append the batch of committed transactions (one log transaction for all), or
+        store the position they moved to; then confirm it to the server."""
+        if self.unsaved is None:
+            return
+        if self.batch:
+            self.log.append_many(self.settings.source_id, self.batch, self.after, self.unsaved)
+        else:
+            self.log.advance(self.settings.source_id, self.after, self.unsaved)
+        self.batch, self.batch_changes = [], 0
+        self._saved(self.unsaved)
+
+    def _saved(self, position: dict[str, Any]) -> None:
+        self.after, self.unsaved = position, None
+        self.cursor.send_feedback(flush_lsn=lsn_number(position["end_lsn"]))
