@@ -33,7 +33,9 @@ def main() -> None:
     checks = report["checks"]
     print(f"pgbench campaign: scale {args.scale}, -c 4 -T {args.seconds}, "
           f"{len(report['kills'])} SIGKILLs of the runner, {report['seconds']} s in all")
-    print("  phases killed in:", sorted({k["phase"] for k in report["kills"]}))
+    points = [k["at"].split()[0] for k in report["kills"]]
+    print("  killed at:", {point: points.count(point) for point in dict.fromkeys(points)},
+          "| stream state at each kill:", sorted({k["phase"] for k in report["kills"]}))
     for name, check in checks.items():
         if "equal" in check:
             print(f"  {name}: {check['rows']:,} rows, CDC table equal: {check['equal']} "
