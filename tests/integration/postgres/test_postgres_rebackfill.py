@@ -20,9 +20,8 @@ import pytest
 from cdcflow.events.files import EventFileWriter, read_json_events
 from cdcflow.localdb import LocalPostgres
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.runner import Runner
 from cdcflow.table import CdcTable
-from tests.integration.postgres.test_postgres_stream import cli, wait, write_definition
+from tests.integration.postgres.test_postgres_stream import cli, start_stream, wait
 
 pytestmark = pytest.mark.integration
 ROWS = 12_000
@@ -80,16 +79,10 @@ def test_a_table_backfilled_again_while_streaming_equals_the_source(
         cur.execute("CREATE TABLE items (id int PRIMARY KEY, v int, pad text);"
                     "CREATE TABLE notes (body text);"
                     f"INSERT INTO items SELECT g, g, 'p' FROM generate_series(1, {ROWS}) g")
-    definition = write_definition(tmp_path, "pg-again", pg, chunk_rows=100)
-    catalog_path = tmp_path / "catalog.db"
-    cli(catalog_path, "create", str(definition))
-    cli(catalog_path, "start", "pg-again")
-    runner = Runner(catalog_path, spark, poll_seconds=0.2, backoff_seconds=0.2)
-    stop, writing = threading.Event(), threading.Event()
-    thread = threading.Thread(target=runner.run, args=(stop,))
+    catalog_path, catalog, stop, thread = start_stream(tmp_path, "pg-again", pg, spark,
+                                                       chunk_rows=100)
+    writing = threading.Event()
     writer = threading.Thread(target=write_until, args=(pg, writing, 7))
-    thread.start()
-    catalog = Catalog(catalog_path)
     try:
         wait(lambda: catalog.get("pg-again").state.value == "RUNNING", "RUNNING", 180)
         table = CdcTable.open(tmp_path / "warehouse" / "public.items")
@@ -137,15 +130,8 @@ def test_a_table_dropped_mid_request_fails_the_request_and_capture_goes_on(
         cur.execute("CREATE TABLE doomed (id int PRIMARY KEY, v int);"
                     "CREATE TABLE kept (id int PRIMARY KEY, v int);"
                     "INSERT INTO doomed SELECT g, g FROM generate_series(1, 20000) g")
-    definition = write_definition(tmp_path, "pg-again", pg, chunk_rows=50)
-    catalog_path = tmp_path / "catalog.db"
-    cli(catalog_path, "create", str(definition))
-    cli(catalog_path, "start", "pg-again")
-    runner = Runner(catalog_path, spark, poll_seconds=0.2, backoff_seconds=0.2)
-    stop = threading.Event()
-    thread = threading.Thread(target=runner.run, args=(stop,))
-    thread.start()
-    catalog = Catalog(catalog_path)
+    catalog_path, catalog, stop, thread = start_stream(tmp_path, "pg-again", pg, spark,
+                                                       chunk_rows=50)
 
     def lands(key: int) -> None:
         with pg_conn.cursor() as cur:

@@ -60,6 +60,20 @@ def write_definition(folder: Path, name: str, pg: LocalPostgres, **source: Any) 
     return definition
 
 
+def start_stream(folder: Path, name: str, pg: LocalPostgres, spark: Any, **source: Any
+                 ) -> tuple[Path, Catalog, threading.Event, threading.Thread]:
+    """Create and start the stream through the CLI, and run a runner on a thread until the
+    returned event is set."""
+    catalog_path = folder / "catalog.db"
+    cli(catalog_path, "create", str(write_definition(folder, name, pg, **source)))
+    cli(catalog_path, "start", name)
+    runner = Runner(catalog_path, spark, poll_seconds=0.2, backoff_seconds=0.2)
+    stop = threading.Event()
+    thread = threading.Thread(target=runner.run, args=(stop,))
+    thread.start()
+    return catalog_path, Catalog(catalog_path), stop, thread
+
+
 def test_a_postgres_stream_end_to_end_through_the_cli_and_the_runner(
         spark: Any, pg: LocalPostgres, pg_conn: Any, tmp_path: Path):
     with pg_conn.cursor() as cur:
@@ -67,15 +81,7 @@ def test_a_postgres_stream_end_to_end_through_the_cli_and_the_runner(
                     "numeric(12,2)); CREATE TABLE history (id int, delta int);"
                     "INSERT INTO accounts SELECT g, 'o' || g, g FROM generate_series(1, 50) g;"
                     "INSERT INTO history VALUES (1, 1), (2, 2)")
-    definition = write_definition(tmp_path, "pg-shop", pg)
-    catalog_path = tmp_path / "catalog.db"
-    cli(catalog_path, "create", str(definition))
-    cli(catalog_path, "start", "pg-shop")
-    runner = Runner(catalog_path, spark, poll_seconds=0.2, backoff_seconds=0.2)
-    stop = threading.Event()
-    thread = threading.Thread(target=runner.run, args=(stop,))
-    thread.start()
-    catalog = Catalog(catalog_path)
+    catalog_path, catalog, stop, thread = start_stream(tmp_path, "pg-shop", pg, spark)
     try:
         wait(lambda: catalog.get("pg-shop").state.value == "RUNNING", "RUNNING")
         first = wait(lambda: (catalog.status("pg-shop").get("capture") or {}).get("pid"),
