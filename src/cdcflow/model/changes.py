@@ -9,6 +9,7 @@ can be known without the log, so a bad transaction is refused before anything is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from cdcflow.errors import InvalidArgument
 from cdcflow.model.records import MOD_TYPES, ColumnTypeInfo
 from cdcflow.model.schema import VALUE_CAPTURE_TYPES
 from cdcflow.model.source import ChangeContext, SourceKind, SourceMetadata, kind_of
-from cdcflow.model.types import decode_value, validate_value
+from cdcflow.model.types import decode_value, quick_check, validate_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,22 +96,36 @@ def _check_position(kind: SourceKind, metadata: SourceMetadata, change: SourceCh
     kind.sort_keys(ChangeContext(metadata, metadata.position | change.position, 0, "", "", 0))
 
 
-_SHAPES: dict[int, tuple[tuple[ColumnTypeInfo, ...], dict[str, ColumnTypeInfo], set[str]]] = {}
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What checking a change needs of its column types, worked out once per tuple."""
+
+    column_types: tuple[ColumnTypeInfo, ...]
+    types: dict[str, ColumnTypeInfo]
+    key_names: frozenset[str]
+    quick_values: dict[str, Callable[[Any], bool]]
+    """Non-key columns: a cheap test that a value surely passes (else the full check)."""
+    quick_keys: dict[str, Callable[[Any], bool]]
 
 
-def _shape(column_types: tuple[ColumnTypeInfo, ...]
-           ) -> tuple[dict[str, ColumnTypeInfo], set[str]]:
-    """Column types by name and the key names, worked out once per column-types tuple."""
+_SHAPES: dict[int, _Shape] = {}
+
+
+def _shape(column_types: tuple[ColumnTypeInfo, ...]) -> _Shape:
     found = _SHAPES.get(id(column_types))
-    if found is None or found[0] is not column_types:
+    if found is None or found.column_types is not column_types:
         types = {c.name: c for c in column_types}
         if len(types) != len(column_types):
             raise InvalidArgument("column_types name a column twice")
         if len(_SHAPES) > 1024:
             _SHAPES.clear()
-        found = (column_types, types, {c.name for c in column_types if c.is_primary_key})
+        quick = {c.name: quick_check(c.type) for c in column_types}
+        keys = frozenset(c.name for c in column_types if c.is_primary_key)
+        found = _Shape(column_types, types, keys,
+                       {n: f for n, f in quick.items() if n not in keys},
+                       {n: f for n, f in quick.items() if n in keys})
         _SHAPES[id(column_types)] = found
-    return found[1], found[2]
+    return found
 
 
 def _validate_change(change: SourceChange) -> None:
@@ -122,24 +137,29 @@ def _validate_change(change: SourceChange) -> None:
         raise InvalidArgument(f"value_capture_type {change.value_capture_type!r} is not one of "
                               f"{VALUE_CAPTURE_TYPES}")
     try:
-        types, key_names = _shape(change.column_types)
+        shape = _shape(change.column_types)
     except InvalidArgument:
         raise InvalidArgument(f"column_types of {change.table!r} name a column twice") from None
-    if set(change.keys) != key_names:
+    if change.keys.keys() != shape.key_names:
         raise InvalidArgument(f"keys {sorted(change.keys)} of {change.table!r} must be exactly "
-                              f"its primary key columns {sorted(key_names)}")
+                              f"its primary key columns {sorted(shape.key_names)}")
     if any(value is None for value in change.keys.values()):
         raise InvalidArgument(f"keys {change.keys!r} of {change.table!r} hold NULL")
     if change.mod_type == "INSERT" and change.old_values:
         raise InvalidArgument("an INSERT has no old values")
     if change.mod_type == "DELETE" and change.new_values:
         raise InvalidArgument("a DELETE has no new values")
-    for part in (change.keys, change.new_values, change.old_values):
+    for part, quick in ((change.keys, shape.quick_keys), (change.new_values, shape.quick_values),
+                        (change.old_values, shape.quick_values)):
         for name, value in part.items():
-            _check_value(change, types, key_names, part is change.keys, name, value)
+            test = quick.get(name)
+            if test is None or not test(value):
+                _check_value(change, shape.types, shape.key_names, part is change.keys, name,
+                             value)
 
 
-def _check_value(change: SourceChange, types: dict[str, ColumnTypeInfo], key_names: set[str],
+def _check_value(change: SourceChange, types: dict[str, ColumnTypeInfo],
+                 key_names: frozenset[str],
                  is_key: bool, name: str, value: Any) -> None:
     info = types.get(name)
     if info is None:

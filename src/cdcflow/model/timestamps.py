@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 
 from cdcflow.errors import InvalidArgument
@@ -26,6 +27,12 @@ def format_rfc3339(ts: datetime | int) -> str:
     """`2022-09-27T12:30:00.123456Z`: microseconds always present, UTC as `Z`."""
     if isinstance(ts, int):
         ts = from_micros(ts)
+    return _format_utc(ts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_utc(ts: datetime) -> str:
+    """Records of one transaction share their timestamps: each is formatted once."""
     return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

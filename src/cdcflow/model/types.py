@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
@@ -218,6 +219,23 @@ _VALIDATORS: Final = {
     "NUMERIC": _check_numeric,
     "JSON": _check_json,
 }
+
+
+def quick_check(ctype: ColumnType) -> Callable[[Any], bool]:
+    """A cheap test for encoded values of `ctype` that surely pass `decode_value` and
+    `validate_value` (NULL, an int in range, a short enough str...). False means only "ask
+    the full check", which gives the error."""
+    code, length = ctype.code, ctype.length
+    if code == "INT64":
+        return lambda v: v is None or (type(v) is int and _INT64_MIN <= v <= _INT64_MAX)
+    if code == "STRING":
+        limit = length if length is not None else MAX_STRING_LENGTH
+        return lambda v: v is None or (type(v) is str and len(v) <= limit)
+    if code == "BOOL":
+        return lambda v: v is None or type(v) is bool
+    if code == "FLOAT64":
+        return lambda v: v is None or type(v) is float
+    return lambda v: v is None
 
 
 def encode_value(value: Any, ctype: ColumnType) -> Any:

@@ -74,12 +74,13 @@ def load_catalog(conn: sqlite3.Connection, version: int) -> Catalog:
     return Catalog(version, tables, streams)
 
 
-def next_commit_micros(conn: sqlite3.Connection, now_micros: int) -> int:
+def next_commit_micros(conn: sqlite3.Connection, now_micros: int, count: int = 1) -> int:
     """Allocate the next commit timestamp under the write lock: strictly after every earlier
-    commit and after every heartbeat promise (`closed_micros`)."""
+    commit and after every heartbeat promise (`closed_micros`). `count` > 1 allocates that
+    many consecutive ones (a batch of transactions) and returns the first."""
     meta = read_meta(conn)
     micros = max(now_micros, int(meta["last_commit_micros"]) + 1, int(meta["closed_micros"]) + 1)
-    write_meta(conn, {"last_commit_micros": micros})
+    write_meta(conn, {"last_commit_micros": micros + count - 1})
     return micros
 
 

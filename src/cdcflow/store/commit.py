@@ -46,25 +46,43 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
 
 def next_transaction_id(session: Session) -> str:
     """A server_transaction_id unique in the file (CS-7), under the write lock."""
-    counter = int(session.meta["txn_counter"]) + 1
-    write_meta(session.conn, {"txn_counter": counter})
-    session.meta["txn_counter"] = counter
-    return str(counter)
+    return str(next_transaction_ids(session, 1))
+
+
+def next_transaction_ids(session: Session, count: int) -> int:
+    """Allocate `count` consecutive server_transaction_ids under the write lock; return the
+    first."""
+    first = int(session.meta["txn_counter"]) + 1
+    last = first + count - 1
+    write_meta(session.conn, {"txn_counter": last})
+    session.meta["txn_counter"] = last
+    return first
 
 
 def append_entries(session: Session, catalog: Catalog, entries: Iterable[LogEntry],
                    micros: int) -> None:
     """Append one transaction's records at `micros` (streamed into the log), then split,
     merge and expire per the policy, all inside the caller's write transaction."""
+    append_timed(session, catalog, ((micros, e) for e in entries), micros)
+
+
+def append_timed(session: Session, catalog: Catalog, entries: Iterable[tuple[int, LogEntry]],
+                 last_micros: int) -> None:
+    """Append records, each at its own commit micros (several transactions, in order; the
+    last at `last_micros`), then split, merge and expire once, as `append_entries`."""
     streams: set[str] = set()
 
     def rows() -> Iterator[log.DataRow]:
-        for e in entries:
+        for micros, e in entries:
             streams.add(e.stream)
-            yield log.DataRow(e.stream, e.token, e.sequence, len(e.record.mods),
+            yield log.DataRow(e.stream, e.token, micros, e.sequence, len(e.record.mods),
                               encode_record(e.record))
 
-    log.insert_data_records(session.conn, micros, rows())
+    log.insert_data_records(session.conn, rows())
+    _after_append(session, catalog, streams, last_micros)
+
+
+def _after_append(session: Session, catalog: Catalog, streams: set[str], micros: int) -> None:
     policy = PartitionPolicy.from_json(json.loads(session.meta["partition_policy"]))
     for name in streams:
         apply_policy(session, name, policy, micros)

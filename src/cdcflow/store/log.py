@@ -130,20 +130,22 @@ def refresh_record_counts(conn: sqlite3.Connection, stream: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class DataRow:
-    """One data record ready for `_log`: stream, partition token, sequence, mods, body."""
+    """One data record ready for `_log`: stream, partition token, commit micros, sequence,
+    mods, body."""
 
     stream: str
     token: str
+    micros: int
     sequence: int
     mods: int
     body: str
 
 
-def insert_data_records(conn: sqlite3.Connection, micros: int, rows: Iterable[DataRow]) -> None:
+def insert_data_records(conn: sqlite3.Connection, rows: Iterable[DataRow]) -> None:
     conn.executemany(
         "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        ((r.stream, r.token, micros, r.sequence, LOG_DATA, r.mods, r.body) for r in rows),
+        ((r.stream, r.token, r.micros, r.sequence, LOG_DATA, r.mods, r.body) for r in rows),
     )
 
 

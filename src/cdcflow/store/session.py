@@ -24,6 +24,13 @@ class Session:
     policy_checked: dict[str, int] = field(default_factory=dict)
     objects: dict[str, str] = field(default_factory=dict)
     """Column types (JSON) of the external objects this session has recorded."""
+    object_types: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    """The column-types tuple last recorded per object (checked by identity: no JSON)."""
+
+    def forget_objects(self) -> None:
+        """After a rollback: what was recorded may not be in the log."""
+        self.objects.clear()
+        self.object_types.clear()
 
     @staticmethod
     def open(path: str) -> Session:

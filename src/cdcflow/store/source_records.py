@@ -71,9 +71,9 @@ class _Runs:
         self.count = 0
         self.last_in_partition: dict[str, int] = {}
 
-    def add(self, change: SourceChange) -> _Run | None:
-        """Take a change; return the record it closed, if any."""
-        token = self.ranges.token_for(change_position(change))
+    def add(self, change: SourceChange, position: int) -> _Run | None:
+        """Take a change at its hash `position`; return the record it closed, if any."""
+        token = self.ranges.token_for(position)
         shape = (change.table, change.mod_type, change.value_capture_type, change.column_types)
         current = self.open.get(token)
         closed = None
@@ -101,42 +101,57 @@ def source_records(
     ranges_of: Callable[[str], PartitionRanges],
     commit_timestamp: datetime,
     transaction_id: str,
+    in_memory: bool = False,
 ) -> Iterator[LogEntry]:
     """Every watching stream's records of one source transaction, at the log's commit time
-    (in no particular order of records)."""
+    (in no particular order of records). `in_memory`: the changes are held in memory, so
+    each one's hash position is worked out once and kept (else twice per stream)."""
+    positioned = _positioned(changes, in_memory)
     for stream in sorted(streams, key=lambda s: s.name):
         ranges = ranges_of(stream.name)
 
-        def mine(watcher: ChangeStreamDef = stream) -> Iterator[SourceChange]:
-            return (c for c in changes() if watcher.watches(c.table))
+        def mine(watcher: ChangeStreamDef = stream) -> Iterator[tuple[SourceChange, int]]:
+            return ((c, p) for c, p in positioned() if watcher.watches(c.table))
 
         plan = _Runs(ranges, keep=False)
-        for change in mine():
-            plan.add(change)
+        for change, position in mine():
+            plan.add(change, position)
         if plan.count == 0:
             continue
         runs = _Runs(ranges, keep=True)
-
-        def record(run: _Run, name: str = stream.name, counted: _Runs = plan) -> LogEntry:
-            first = run.first
-            return LogEntry(name, run.token, run.index, DataChangeRecord(
-                commit_timestamp=commit_timestamp,
-                record_sequence=format_sequence(run.index),
-                server_transaction_id=transaction_id,
-                is_last_record_in_transaction_in_partition=(
-                    counted.last_in_partition[run.token] == run.index),
-                table_name=first.table,
-                column_types=first.column_types,
-                mods=tuple(run.mods),
-                mod_type=first.mod_type,
-                value_capture_type=first.value_capture_type,
-                number_of_records_in_transaction=counted.count,
-                number_of_partitions_in_transaction=len(counted.last_in_partition),
-                source=metadata,
-            ))
-
-        for change in mine():
-            if (closed := runs.add(change)) is not None:
-                yield record(closed)
+        for change, position in mine():
+            if (closed := runs.add(change, position)) is not None:
+                yield _entry(stream.name, closed, plan, metadata, commit_timestamp,
+                             transaction_id)
         for closed in runs.finish():
-            yield record(closed)
+            yield _entry(stream.name, closed, plan, metadata, commit_timestamp, transaction_id)
+
+
+def _positioned(changes: Changes, in_memory: bool
+                ) -> Callable[[], Iterable[tuple[SourceChange, int]]]:
+    """The changes with their hash positions, as often as asked."""
+    if in_memory:
+        kept = [(change, change_position(change)) for change in changes()]
+        return lambda: kept
+    return lambda: ((change, change_position(change)) for change in changes())
+
+
+def _entry(stream: str, run: _Run, counted: _Runs, metadata: SourceMetadata,
+           commit_timestamp: datetime, transaction_id: str) -> LogEntry:
+    """The record of one run; `counted` is the plan that counted the transaction's records."""
+    first = run.first
+    return LogEntry(stream, run.token, run.index, DataChangeRecord(
+        commit_timestamp=commit_timestamp,
+        record_sequence=format_sequence(run.index),
+        server_transaction_id=transaction_id,
+        is_last_record_in_transaction_in_partition=(
+            counted.last_in_partition[run.token] == run.index),
+        table_name=first.table,
+        column_types=first.column_types,
+        mods=tuple(run.mods),
+        mod_type=first.mod_type,
+        value_capture_type=first.value_capture_type,
+        number_of_records_in_transaction=counted.count,
+        number_of_partitions_in_transaction=len(counted.last_in_partition),
+        source=metadata,
+    ))

@@ -7,20 +7,23 @@ after the last appended transaction and never appends one twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from cdcflow.errors import FailedPrecondition, InvalidArgument
 from cdcflow.model.changes import SourceTransaction, validate_change, validate_metadata
+from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.source import SourceKind, SourceMetadata
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store import log
+from cdcflow.store.capture import LogEntry
 from cdcflow.store.catalog import Catalog, next_commit_micros
-from cdcflow.store.commit import append_entries, next_transaction_id
+from cdcflow.store.commit import append_entries, append_timed, next_transaction_ids
 from cdcflow.store.session import Session
 from cdcflow.store.source_records import Changes, source_records
 from cdcflow.store.sqlite import read_transaction, write_transaction
@@ -72,11 +75,10 @@ class LogWriter(ABC):
         if not transactions:
             raise InvalidArgument("append_many needs at least one source transaction")
         session = self._session()
-        with write_transaction(session.conn):
+        with _appending(session):
             catalog = session.refresh()
             self._check_after(source, after)
-            written = [self._write(session, catalog, t.metadata, _changes_of(t))
-                       for t in transactions]
+            written = self._write_many(session, catalog, transactions)
             log.write_position(session.conn, source, position,
                                to_micros(transactions[-1].metadata.source_timestamp),
                                written[-1])
@@ -88,7 +90,7 @@ class LogWriter(ABC):
         changes in source order (from a file, say) and is called a few times; memory stays
         bounded by a record per partition. The same checks and guarantees as `append`."""
         session = self._session()
-        with write_transaction(session.conn):
+        with _appending(session):
             catalog = session.refresh()
             self._check_after(source, after)
             micros = self._write(session, catalog, metadata, changes)
@@ -106,9 +108,33 @@ class LogWriter(ABC):
         streams = [s for s in catalog.streams.values()
                    if any(s.watches(table) for table in tables)]
         entries = source_records(metadata, changes, streams, session.ranges_of,
-                                 from_micros(micros), next_transaction_id(session))
+                                 from_micros(micros), str(next_transaction_ids(session, 1)))
         append_entries(session, catalog, entries, micros)
         return micros
+
+    def _write_many(self, session: Session, catalog: Catalog,
+                    transactions: Sequence[SourceTransaction]) -> list[int]:
+        """`_write` for several transactions: checked first, then consecutive commit
+        timestamps and transaction ids, and their records in one insert."""
+        touched = [_scan(validate_metadata(t.metadata), t.metadata, _changes_of(t), catalog,
+                         session) for t in transactions]
+        first = next_commit_micros(session.conn, self._now_micros(), len(transactions))
+        first_id = next_transaction_ids(session, len(transactions))
+        written = [first + offset for offset in range(len(transactions))]
+
+        def entries() -> Iterator[tuple[int, LogEntry]]:
+            for offset, (transaction, tables) in enumerate(zip(transactions, touched,
+                                                               strict=True)):
+                micros = first + offset
+                streams = [s for s in catalog.streams.values()
+                           if any(s.watches(table) for table in tables)]
+                for entry in source_records(transaction.metadata, _changes_of(transaction),
+                                            streams, session.ranges_of, from_micros(micros),
+                                            str(first_id + offset), in_memory=True):
+                    yield micros, entry
+
+        append_timed(session, catalog, entries(), written[-1])
+        return written
 
     def advance(self, source: str, after: dict[str, Any] | None,
                 position: dict[str, Any]) -> None:
@@ -145,6 +171,17 @@ class LogWriter(ABC):
             log.delete_position(session.conn, source)
 
 
+@contextlib.contextmanager
+def _appending(session: Session) -> Iterator[None]:
+    """A write transaction; if it rolls back, the session forgets the objects it recorded."""
+    try:
+        with write_transaction(session.conn):
+            yield
+    except BaseException:
+        session.forget_objects()
+        raise
+
+
 def _changes_of(transaction: SourceTransaction) -> Changes:
     return lambda: transaction.changes
 
@@ -163,12 +200,19 @@ def _scan(kind: SourceKind, metadata: SourceMetadata, changes: Changes, catalog:
                 raise InvalidArgument(
                     f"table {change.table!r} is a table of this database: its change records "
                     "come from its own commits (CS-1), not from appended source transactions")
-            text = json.dumps([c.to_dict() for c in change.column_types], sort_keys=True)
-            if session.objects.get(change.table) != text:
-                log.remember_object(session.conn, change.table, text)
-                session.objects[change.table] = text
+            if session.object_types.get(change.table) is not change.column_types:
+                _remember(session, change.table, change.column_types)
             tables[change.table] = change.column_types
         count += 1
     if count == 0:
         raise InvalidArgument("a source transaction needs at least one change")
     return set(tables)
+
+
+def _remember(session: Session, table: str, column_types: tuple[ColumnTypeInfo, ...]) -> None:
+    """Record an object's column types in the log, unless they are the ones it holds."""
+    text = json.dumps([c.to_dict() for c in column_types], sort_keys=True)
+    if session.objects.get(table) != text:
+        log.remember_object(session.conn, table, text)
+        session.objects[table] = text
+    session.object_types[table] = column_types

@@ -127,14 +127,18 @@ class _Reader:
         self.at = 0
 
     def take(self, fmt: str) -> int:
-        size = struct.calcsize(fmt)
-        if self.at + size > len(self.data):
-            raise InvalidArgument(f"pgoutput message {self.data[:1]!r} ends early at byte "
-                                  f"{self.at} of {len(self.data)}")
-        (value,) = struct.unpack_from(fmt, self.data, self.at)
-        self.at += size
+        layout = _LAYOUTS[fmt]
+        end = self.at + layout.size
+        if end > len(self.data):
+            raise self._early()
+        (value,) = layout.unpack_from(self.data, self.at)
+        self.at = end
         result: int = value
         return result
+
+    def _early(self) -> InvalidArgument:
+        return InvalidArgument(f"pgoutput message {self.data[:1]!r} ends early at byte "
+                               f"{self.at} of {len(self.data)}")
 
     def byte(self) -> str:
         return chr(self.take("!B"))
@@ -156,19 +160,38 @@ class _Reader:
         return chunk
 
     def tuple_data(self) -> tuple[Value, ...]:
+        """A TupleData part; the hot loop of decoding, so it reads the bytes itself."""
+        data, size = self.data, len(self.data)
         values: list[Value] = []
         for _ in range(self.take("!H")):
-            kind = self.byte()
-            if kind == "n":
+            at = self.at
+            if at >= size:
+                raise self._early()
+            kind = data[at]
+            if kind == _TEXT:
+                if at + 5 > size:
+                    raise self._early()
+                (length,) = _INT32.unpack_from(data, at + 1)
+                start = at + 5
+                if length < 0 or start + length > size:
+                    raise self._early()
+                values.append(data[start:start + length].decode("utf-8"))
+                self.at = start + length
+                continue
+            if kind == _NULL:
                 values.append(None)
-            elif kind == "u":
+            elif kind == _UNCHANGED_TOAST:
                 values.append(UNCHANGED)
-            elif kind == "t":
-                values.append(self.raw(self.take("!i")).decode("utf-8"))
             else:
-                raise InvalidArgument(f"tuple column kind {kind!r} is not n, u or t (text "
+                raise InvalidArgument(f"tuple column kind {chr(kind)!r} is not n, u or t (text "
                                       "format; cdcflow does not ask for binary)")
+            self.at = at + 1
         return tuple(values)
+
+
+_LAYOUTS: Final = {fmt: struct.Struct(fmt) for fmt in ("!B", "!H", "!I", "!i", "!Q", "!q")}
+_INT32: Final = _LAYOUTS["!i"]
+_TEXT, _NULL, _UNCHANGED_TOAST = ord("t"), ord("n"), ord("u")
 
 
 def _begin(r: _Reader) -> Begin:
