@@ -81,8 +81,12 @@ _STRICT_JSON = (orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLA
 """orjson would write datetimes and dataclasses as text; a position holds plain JSON only."""
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+"""Values that are JSON as they are, so a position of only these needs no encoding."""
+
+
 def _check_json(what: str, value: dict[str, Any]) -> None:
-    if not value:
+    if not value or all(v.__class__ in _PLAIN for v in value.values()):
         return
     try:
         orjson.dumps(value, option=_STRICT_JSON)

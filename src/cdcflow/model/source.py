@@ -12,6 +12,7 @@ source metadata and the `sort_keys` that order its events as they happened.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -53,21 +54,22 @@ class SourceMetadata:
         )
 
 
+_LSN = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")
+
+
 def lsn_number(text: str) -> int:
     """A PostgreSQL LSN `X/Y` (two hex halves) as one integer, so LSNs sort as numbers."""
-    high, slash, low = text.partition("/")
-    try:
-        if slash and 0 < len(high) <= 8 and 0 < len(low) <= 8 and "_" not in text \
-                and high.isalnum() and low.isalnum():
-            return (int(high, 16) << 32) | int(low, 16)
-    except ValueError:
-        pass
-    raise InvalidArgument(f"LSN {text!r} is not of the form X/Y with hex halves")
+    found = _LSN.fullmatch(text) if isinstance(text, str) else None
+    if found is None:
+        raise InvalidArgument(f"LSN {text!r} is not of the form X/Y with hex halves")
+    return (int(found[1], 16) << 32) | int(found[2], 16)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChangeContext:
-    """What the rules of a kind may read about one change (one mod of one record)."""
+    """What the rules of a kind may read about one change (one mod of one record). Not a
+    record: a short-lived argument, built once per change checked (so not frozen, which
+    costs twice as much to build)."""
 
     metadata: SourceMetadata
     position: dict[str, Any]

@@ -33,7 +33,7 @@ def format_rfc3339(ts: datetime | int) -> str:
 @functools.lru_cache(maxsize=4096)
 def _format_utc(ts: datetime) -> str:
     """Records of one transaction share their timestamps: each is formatted once."""
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return ts.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_timestamp(text: str) -> datetime:

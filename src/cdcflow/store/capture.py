@@ -17,8 +17,10 @@ from typing import Any
 
 import orjson
 
+from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_sequence
 from cdcflow.model.schema import ChangeStreamDef, TableSchema
+from cdcflow.model.source import SourceMetadata
 from cdcflow.model.timestamps import format_rfc3339
 
 
@@ -162,8 +164,11 @@ def _stream_records(
 
 
 def encode_record(record: DataChangeRecord) -> str:
-    """The log body of a record: its `to_dict()` JSON, built with the column types cached."""
-    header: dict[str, Any] = {
+    """The log body of a record: its `to_dict()` JSON, with the column types and the source
+    block (shared by many records) encoded once."""
+    body: dict[str, Any] = {
+        "column_types": _column_types_json(record.column_types),
+        "mods": [m.to_dict() for m in record.mods],
         "commit_timestamp": format_rfc3339(record.commit_timestamp),
         "record_sequence": record.record_sequence,
         "server_transaction_id": record.server_transaction_id,
@@ -177,15 +182,25 @@ def encode_record(record: DataChangeRecord) -> str:
         "number_of_partitions_in_transaction": record.number_of_partitions_in_transaction,
     }
     if record.source is not None:
-        header["source"] = record.source.to_dict()
-    mods = [m.to_dict() for m in record.mods]
-    return (
-        f'{{"column_types":{_column_types_json(record.column_types)},'
-        f'"mods":{orjson.dumps(mods).decode()},'
-        f"{orjson.dumps(header).decode()[1:]}"
-    )
+        body["source"] = _source_json(record.source)
+    return orjson.dumps(body).decode()
 
 
 @functools.lru_cache(maxsize=1024)
-def _column_types_json(column_types: tuple[ColumnTypeInfo, ...]) -> str:
-    return json.dumps([c.to_dict() for c in column_types], separators=(",", ":"))
+def _column_types_text(column_types: tuple[ColumnTypeInfo, ...]) -> orjson.Fragment:
+    return orjson.Fragment(json.dumps([c.to_dict() for c in column_types],
+                                      separators=(",", ":")))
+
+
+_column_types_json = IdentityMemo(_column_types_text)
+"""Found by identity first (a capture source reuses one tuple per relation); native commits
+build equal tuples per transaction, which the lru_cache finds by value."""
+
+
+
+def _source_text(source: SourceMetadata) -> orjson.Fragment:
+    return orjson.Fragment(orjson.dumps(source.to_dict()))
+
+
+_source_json = IdentityMemo(_source_text, size=64)
+"""The records of one source transaction share its block."""

@@ -28,6 +28,7 @@ from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, t
 from cdcflow.store import catalog as catalog_ops
 from cdcflow.store import log, partition_map, retention
 from cdcflow.store.catalog import next_commit_micros
+from cdcflow.store.checkpoint import BackgroundCheckpoints
 from cdcflow.store.ddl import StreamScope
 from cdcflow.store.query import parse_change_stream_query
 from cdcflow.store.reader import initial_partitions, read_partition, scan_log, validate_query
@@ -151,6 +152,11 @@ class ChangeLog(LogWriter, ShardApi):
         if session is not None:
             session.conn.close()
             self._local.session = None
+
+    def checkpoints_in_background(self) -> BackgroundCheckpoints:
+        """`with log.checkpoints_in_background():` this thread's appends leave copying the WAL
+        into the file to a thread of its own (for a worker that appends all the time)."""
+        return BackgroundCheckpoints(self.path, self._session().conn)
 
     def _catalog(self) -> catalog_ops.Catalog:
         session = self._session()

@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 LOG_DATA: Final = 0
 LOG_CHILD: Final = 1
@@ -128,10 +127,9 @@ def refresh_record_counts(conn: sqlite3.Connection, stream: str) -> None:
 # ---- records --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class DataRow:
+class DataRow(NamedTuple):
     """One data record ready for `_log`: stream, partition token, commit micros, sequence,
-    mods, body."""
+    mods, body. A tuple, as the rows of a bulk insert are."""
 
     stream: str
     token: str
@@ -145,7 +143,8 @@ def insert_data_records(conn: sqlite3.Connection, rows: Iterable[DataRow]) -> No
     conn.executemany(
         "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        ((r.stream, r.token, r.micros, r.sequence, LOG_DATA, r.mods, r.body) for r in rows),
+        ((stream, token, micros, sequence, LOG_DATA, mods, body)
+         for stream, token, micros, sequence, mods, body in rows),
     )
 
 

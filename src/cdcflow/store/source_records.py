@@ -13,14 +13,14 @@ transaction of millions of changes, read from disk, takes little memory.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 import orjson
 
 from cdcflow.model.changes import SourceChange
+from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_sequence
 from cdcflow.model.schema import ChangeStreamDef, key_hash
 from cdcflow.model.source import SourceMetadata
@@ -44,10 +44,12 @@ def change_position(change: SourceChange) -> int:
     return key_hash(change.table, identity)
 
 
-@functools.lru_cache(maxsize=256)
-def _key_order(column_types: tuple[ColumnTypeInfo, ...]) -> tuple[str, ...]:
+def _primary_key_order(column_types: tuple[ColumnTypeInfo, ...]) -> tuple[str, ...]:
     return tuple(c.name for c in sorted(column_types, key=lambda c: c.ordinal_position)
                  if c.is_primary_key)
+
+
+_key_order = IdentityMemo(_primary_key_order, size=256)
 
 
 @dataclass(slots=True)
@@ -56,7 +58,7 @@ class _Run:
     token: str
     shape: tuple[object, ...]
     first: SourceChange
-    mods: list[Mod] = field(default_factory=list)
+    mods: list[Mod]
     size: int = 0
 
 
@@ -79,7 +81,7 @@ class _Runs:
         closed = None
         if current is None or current.shape != shape or current.size >= MAX_MODS_PER_RECORD:
             closed = current
-            current = _Run(self.count, token, shape, change)
+            current = _Run(self.count, token, shape, change, [])
             self.open[token] = current
             self.last_in_partition[token] = self.count
             self.count += 1
@@ -109,10 +111,15 @@ def source_records(
     positioned = _positioned(changes, in_memory)
     for stream in sorted(streams, key=lambda s: s.name):
         ranges = ranges_of(stream.name)
-
-        def mine(watcher: ChangeStreamDef = stream) -> Iterator[tuple[SourceChange, int]]:
-            return ((c, p) for c, p in positioned() if watcher.watches(c.table))
-
+        mine = _watched_by(stream, positioned)
+        if in_memory:  # one pass: the records are kept until the counts are known
+            runs = _Runs(ranges, keep=True)
+            closed = [run for change, position in mine()
+                      if (run := runs.add(change, position)) is not None]
+            for run in [*closed, *runs.finish()]:
+                yield _entry(stream.name, run, runs, metadata, commit_timestamp,
+                             transaction_id)
+            continue
         plan = _Runs(ranges, keep=False)
         for change, position in mine():
             plan.add(change, position)
@@ -120,11 +127,24 @@ def source_records(
             continue
         runs = _Runs(ranges, keep=True)
         for change, position in mine():
-            if (closed := runs.add(change, position)) is not None:
-                yield _entry(stream.name, closed, plan, metadata, commit_timestamp,
-                             transaction_id)
-        for closed in runs.finish():
-            yield _entry(stream.name, closed, plan, metadata, commit_timestamp, transaction_id)
+            if (run := runs.add(change, position)) is not None:
+                yield _entry(stream.name, run, plan, metadata, commit_timestamp, transaction_id)
+        for run in runs.finish():
+            yield _entry(stream.name, run, plan, metadata, commit_timestamp, transaction_id)
+
+
+def _watched_by(stream: ChangeStreamDef, positioned: Callable[[], Iterable[tuple[SourceChange,
+                int]]]) -> Callable[[], Iterator[tuple[SourceChange, int]]]:
+    """The positioned changes of the tables `stream` watches, as often as asked."""
+    watched: dict[str, bool] = {}
+
+    def watches(table: str) -> bool:
+        seen = watched.get(table)
+        if seen is None:
+            seen = watched[table] = stream.watches(table)
+        return seen
+
+    return lambda: ((c, p) for c, p in positioned() if watches(c.table))
 
 
 def _positioned(changes: Changes, in_memory: bool

@@ -131,17 +131,20 @@ class _Reader:
         end = self.at + layout.size
         if end > len(self.data):
             raise self._early()
-        (value,) = layout.unpack_from(self.data, self.at)
+        value: int = layout.unpack_from(self.data, self.at)[0]
         self.at = end
-        result: int = value
-        return result
+        return value
 
     def _early(self) -> InvalidArgument:
         return InvalidArgument(f"pgoutput message {self.data[:1]!r} ends early at byte "
                                f"{self.at} of {len(self.data)}")
 
     def byte(self) -> str:
-        return chr(self.take("!B"))
+        at = self.at
+        if at >= len(self.data):
+            raise self._early()
+        self.at = at + 1
+        return chr(self.data[at])
 
     def string(self) -> str:
         end = self.data.find(b"\0", self.at)

@@ -203,7 +203,8 @@ class PostgresSource:
         replication = connect(self.config.dsn, self.config.password_env, replication=True)
         reader = connect(self.config.dsn, self.config.password_env)
         try:
-            CaptureLoop(settings, log, replication, self._conn(), reader).run(stop)
+            with log.checkpoints_in_background():
+                CaptureLoop(settings, log, replication, self._conn(), reader).run(stop)
         finally:
             replication.close()
             reader.close()

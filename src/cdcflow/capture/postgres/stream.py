@@ -31,7 +31,7 @@ from cdcflow.capture.postgres.catalog import TypeCache, primary_key
 from cdcflow.capture.postgres.changes import RelationShape, to_changes
 from cdcflow.capture.postgres.connection import typed
 from cdcflow.capture.postgres.rebackfill import HIGH, LOW, Rebackfill
-from cdcflow.capture.postgres.types import converter, unified_type
+from cdcflow.capture.postgres.types import text_converter, unified_type
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.errors import InvalidArgument, TypeMismatch
 from cdcflow.model.changes import SourceChange, SourceTransaction
@@ -246,7 +246,7 @@ class CaptureLoop:
                              for i, (c, t) in enumerate(zip(relation.columns, types,
                                                             strict=True), start=1))
         return RelationShape(name, tuple(c.name for c in relation.columns),
-                             tuple(converter(t) for t in types), column_types, keys)
+                             tuple(text_converter(t) for t in types), column_types, keys)
 
     def _emit(self, prefix: str, content: str) -> None:
         with self.sql.cursor() as cur:

@@ -145,20 +145,20 @@ def scalar_converter(ctype: ColumnType) -> Callable[[str], Any]:
             return str
 
 
-def converter(ctype: ColumnType) -> Callable[[str | None], Any]:
-    """Text of a value (None: NULL) -> its record encoding, for any unified type."""
+def text_converter(ctype: ColumnType) -> Callable[[str], Any]:
+    """Text of a non-NULL value -> its record encoding, for any unified type."""
     if ctype.code == "ARRAY":
         assert ctype.element is not None
         element = scalar_converter(ctype.element)
+        return lambda text: [None if item is None else element(item)
+                             for item in parse_array(text)]
+    return scalar_converter(ctype)
 
-        def convert_array(text: str | None) -> Any:
-            if text is None:
-                return None
-            return [None if item is None else element(item) for item in parse_array(text)]
 
-        return convert_array
-    scalar = scalar_converter(ctype)
-    return lambda text: None if text is None else scalar(text)
+def converter(ctype: ColumnType) -> Callable[[str | None], Any]:
+    """Text of a value (None: NULL) -> its record encoding, for any unified type."""
+    convert = text_converter(ctype)
+    return lambda text: None if text is None else convert(text)
 
 
 def parse_array(text: str) -> list[str | None]:

@@ -1,0 +1,175 @@
+"""The capture hot paths give exactly what the plain paths give (CS-5, CS-7, EV-6).
+
+Batching (`append_many`), changes kept in memory (`source_records(in_memory=True)`), the
+hand-built record body (`encode_record`), the cheap value tests (`quick_check`) and the
+identity caches exist for speed only: each must agree with the path it shortcuts, on inputs
+hypothesis makes up.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tempfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cdcflow import FakeClock, PartitionPolicy
+from cdcflow.errors import InvalidArgument
+from cdcflow.model.changes import SourceChange, SourceTransaction
+from cdcflow.model.memo import IdentityMemo
+from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.model.schema import ChangeStreamDef
+from cdcflow.model.source import SourceMetadata
+from cdcflow.model.types import ColumnType, decode_value, quick_check, validate_value
+from cdcflow.store.capture import PartitionRanges, encode_record
+from cdcflow.store.changelog import ChangeLog
+from cdcflow.store.log import LOG_DATA
+from cdcflow.store.source_records import source_records
+
+pytestmark = pytest.mark.property
+
+ACCOUNTS = (
+    ColumnTypeInfo("id", ColumnType("INT64"), True, 1),
+    ColumnTypeInfo("owner", ColumnType("STRING", length=8), False, 2),
+    ColumnTypeInfo("balance", ColumnType("INT64"), False, 3),
+)
+HISTORY = (  # no primary key
+    ColumnTypeInfo("tid", ColumnType("INT64"), False, 1),
+    ColumnTypeInfo("note", ColumnType("STRING"), False, 2),
+)
+START = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+@st.composite
+def changes(draw: Any) -> SourceChange:
+    lsn = f"0/{draw(st.integers(1, 2**32 - 1)):X}"
+    if draw(st.booleans()):
+        kind = draw(st.sampled_from(["INSERT", "UPDATE", "DELETE"]))
+        values = {"owner": draw(st.none() | st.text(max_size=8)),
+                  "balance": draw(st.none() | st.integers(-(2**63), 2**63 - 1))}
+        new = {} if kind == "DELETE" else values
+        old = values if kind == "DELETE" and draw(st.booleans()) else {}
+        capture = "NEW_ROW_AND_OLD_VALUES" if old else "NEW_ROW"
+        return SourceChange("public.accounts", kind, {"id": draw(st.integers(0, 20))}, new,
+                            old, ACCOUNTS, capture, {"lsn": lsn})
+    row = {"tid": draw(st.integers(0, 5)), "note": draw(st.text(max_size=5))}
+    return SourceChange("public.history", "INSERT", {}, row, {}, HISTORY, "NEW_ROW",
+                        {"lsn": lsn})
+
+
+@st.composite
+def transactions(draw: Any) -> list[SourceTransaction]:
+    batch = []
+    for number in range(draw(st.integers(1, 6))):
+        metadata = SourceMetadata("postgres-cdc-wal",
+                                  START + timedelta(seconds=draw(st.integers(0, 99))),
+                                  str(number), {"commit_lsn": f"1/{number:X}"})
+        batch.append(SourceTransaction(metadata, tuple(draw(st.lists(changes(), min_size=1,
+                                                                      max_size=12)))))
+    return batch
+
+
+def log_rows(path: str) -> list[tuple[Any, ...]]:
+    """The data records, each partition named by its key range (tokens are random)."""
+    with sqlite3.connect(path) as conn:
+        return sorted(conn.execute(
+            "SELECT l.stream, p.range_start, l.commit_micros, l.seq, l.mods, l.body "
+            "FROM _log AS l JOIN _partitions AS p ON p.stream = l.stream AND p.token = l.token "
+            "WHERE l.kind = ?", (LOG_DATA,)).fetchall())
+
+
+def open_log(path: Path) -> ChangeLog:
+    log = ChangeLog.open(path, clock=FakeClock(START), initial_partitions=3,
+                         partition_policy=PartitionPolicy(auto=False))
+    log.ensure_change_stream("changes")
+    log.ensure_change_stream("more")
+    return log
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=transactions())
+def test_append_many_writes_what_appending_one_by_one_writes(batch: list[SourceTransaction]):
+    """One batch (one pass, changes in memory) and one `append` per transaction (the
+    streaming path, changes read twice) put the same rows into the log, byte for byte."""
+    with tempfile.TemporaryDirectory() as folder:
+        batched, single = open_log(Path(folder, "a.db")), open_log(Path(folder, "b.db"))
+        batched.append_many("pg", batch, None, {"end_lsn": "9/0"})
+        after = None
+        for number, transaction in enumerate(batch):
+            position = {"end_lsn": f"8/{number}"}
+            single.append("pg", transaction, after, position)
+            after = position
+        assert log_rows(batched.path) == log_rows(single.path)
+        assert len(log_rows(batched.path)) >= 2 * len(batch)  # both streams, each transaction
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batch=transactions(), tokens=st.integers(1, 4))
+def test_records_in_memory_equal_records_streamed_and_bodies_equal_to_dict(
+        batch: list[SourceTransaction], tokens: int):
+    space = 2**62
+    ranges = PartitionRanges(tuple(space * i // tokens for i in range(tokens)),
+                             tuple(f"t{i}" for i in range(tokens)))
+    streams = [ChangeStreamDef("all", True, (), 10**12, "NEW_ROW", 0),
+               ChangeStreamDef("accounts", False, (("public.accounts", None),), 10**12,
+                               "NEW_ROW", 0)]
+    for transaction in batch:
+        def made(in_memory: bool, t: SourceTransaction = transaction) -> list[Any]:
+            return list(source_records(t.metadata, lambda: t.changes, streams,
+                                       lambda _: ranges, START, "7", in_memory=in_memory))
+
+        kept, streamed = made(True), made(False)
+        key = lambda e: (e.stream, e.sequence)  # noqa: E731
+        assert sorted(kept, key=key) == sorted(streamed, key=key)
+        for entry in kept:
+            assert json.loads(encode_record(entry.record)) == \
+                json.loads(json.dumps(entry.record.to_dict()))
+
+
+VALUE_TYPES = [ColumnType("INT64"), ColumnType("STRING", length=3), ColumnType("STRING"),
+               ColumnType("BOOL"), ColumnType("FLOAT64"), ColumnType("DATE"),
+               ColumnType("NUMERIC", precision=5, scale=2)]
+ANY_VALUE = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
+             | st.text(max_size=6) | st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(ctype=st.sampled_from(VALUE_TYPES), value=ANY_VALUE)
+def test_a_value_the_quick_check_passes_passes_the_full_check(ctype: ColumnType, value: Any):
+    if not quick_check(ctype)(value):
+        return  # "ask the full check": nothing claimed
+    validate_value(decode_value(value, ctype), ctype, "c")
+
+
+def test_the_quick_check_is_not_always_false():
+    """The property above means something only if the quick check says yes at times."""
+    assert quick_check(ColumnType("INT64"))(5) and quick_check(ColumnType("STRING"))("x")
+    assert not quick_check(ColumnType("INT64"))(2**63)
+    assert not quick_check(ColumnType("INT64"))(True)
+    assert not quick_check(ColumnType("STRING", length=2))("abc")
+    with pytest.raises(InvalidArgument):
+        validate_value(decode_value("abc", ColumnType("STRING", length=2)),
+                       ColumnType("STRING", length=2), "c")
+
+
+def test_an_identity_memo_computes_once_per_object_and_never_confuses_equal_ones():
+    calls: list[tuple[int, ...]] = []
+
+    def compute(key: tuple[int, ...]) -> int:
+        calls.append(key)
+        return sum(key)
+
+    memo: IdentityMemo[tuple[int, ...], int] = IdentityMemo(compute, size=2)
+    first = tuple(range(3))
+    assert memo(first) == 3 and memo(first) == 3 and len(calls) == 1
+    equal = tuple(range(3))
+    assert equal is not first and memo(equal) == 3 and len(calls) == 2
+    for n in range(5):  # past its size it forgets, and still answers right
+        assert memo(tuple(range(n))) == sum(range(n))
+    assert memo(first) == 3
