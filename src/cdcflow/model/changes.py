@@ -147,7 +147,7 @@ def _validate_change(change: SourceChange) -> None:
     if change.keys.keys() != shape.key_names:
         raise InvalidArgument(f"keys {sorted(change.keys)} of {change.table!r} must be exactly "
                               f"its primary key columns {sorted(shape.key_names)}")
-    if any(value is None for value in change.keys.values()):
+    if None in change.keys.values():
         raise InvalidArgument(f"keys {change.keys!r} of {change.table!r} hold NULL")
     if change.mod_type == "INSERT" and change.old_values:
         raise InvalidArgument("an INSERT has no old values")

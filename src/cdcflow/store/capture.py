@@ -169,7 +169,7 @@ def encode_record(record: DataChangeRecord) -> str:
     body: dict[str, Any] = {
         "column_types": _column_types_json(record.column_types),
         "mods": [m.to_dict() for m in record.mods],
-        "commit_timestamp": format_rfc3339(record.commit_timestamp),
+        "commit_timestamp": _commit_text(record.commit_timestamp),
         "record_sequence": record.record_sequence,
         "server_transaction_id": record.server_transaction_id,
         "is_last_record_in_transaction_in_partition": (
@@ -204,3 +204,6 @@ def _source_text(source: SourceMetadata) -> orjson.Fragment:
 
 _source_json = IdentityMemo(_source_text, size=64)
 """The records of one source transaction share its block."""
+
+_commit_text = IdentityMemo(format_rfc3339, size=64)
+"""And its commit timestamp."""

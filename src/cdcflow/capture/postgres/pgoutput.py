@@ -139,6 +139,15 @@ class _Reader:
         return InvalidArgument(f"pgoutput message {self.data[:1]!r} ends early at byte "
                                f"{self.at} of {len(self.data)}")
 
+    def row_head(self) -> tuple[int, str]:
+        """The relation id and the first part letter of an Insert, Update or Delete."""
+        end = self.at + 5
+        if end > len(self.data):
+            raise self._early()
+        relation_id, part = _ROW_HEAD.unpack_from(self.data, self.at)
+        self.at = end
+        return relation_id, chr(part)
+
     def byte(self) -> str:
         at = self.at
         if at >= len(self.data):
@@ -194,6 +203,7 @@ class _Reader:
 
 _LAYOUTS: Final = {fmt: struct.Struct(fmt) for fmt in ("!B", "!H", "!I", "!i", "!Q", "!q")}
 _INT32: Final = _LAYOUTS["!i"]
+_ROW_HEAD: Final = struct.Struct("!IB")
 _TEXT, _NULL, _UNCHANGED_TOAST = ord("t"), ord("n"), ord("u")
 
 
@@ -213,8 +223,7 @@ def _relation(r: _Reader) -> Relation:
 
 
 def _update(r: _Reader) -> Update:
-    relation_id = r.take("!I")
-    kind = r.byte()
+    relation_id, kind = r.row_head()
     old_kind, old = None, None
     if kind in ("K", "O"):
         old_kind, old = kind, r.tuple_data()
@@ -225,14 +234,14 @@ def _update(r: _Reader) -> Update:
 
 
 def _insert(r: _Reader) -> Insert:
-    relation_id = r.take("!I")
-    if (part := r.byte()) != "N":
+    relation_id, part = r.row_head()
+    if part != "N":
         raise InvalidArgument(f"insert message part {part!r} is not N")
     return Insert(relation_id, r.tuple_data())
 
 
 def _delete(r: _Reader) -> Delete:
-    relation_id, kind = r.take("!I"), r.byte()
+    relation_id, kind = r.row_head()
     if kind not in ("K", "O"):
         raise InvalidArgument(f"delete message part {kind!r} is not K or O")
     return Delete(relation_id, kind, r.tuple_data())

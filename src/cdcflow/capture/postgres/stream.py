@@ -210,17 +210,17 @@ class CaptureLoop:
         select.select([self.cursor], [], [], 0.2)
 
     def _handle(self, message: pgoutput.PgMessage, lsn: int) -> None:
-        match message:
-            case pgoutput.Begin():
-                self.transaction = _Transaction(message)
-            case pgoutput.Relation():
-                self.shapes[message.relation_id] = self._shape(message)
-            case pgoutput.Insert() | pgoutput.Update() | pgoutput.Delete():
+        match message:  # the most frequent first
+            case pgoutput.Update() | pgoutput.Insert() | pgoutput.Delete():
                 shape = self.shapes.get(message.relation_id)
                 if shape is not None and self.transaction is not None:
                     changes = to_changes(shape, message, lsn)
                     self.again.saw(changes, self.transaction.begin.xid)
                     self.transaction.add(changes)
+            case pgoutput.Begin():
+                self.transaction = _Transaction(message)
+            case pgoutput.Relation():
+                self.shapes[message.relation_id] = self._shape(message)
             case pgoutput.Truncate():
                 self._truncated(message)
             case pgoutput.Message(prefix=prefix, transactional=False) \
