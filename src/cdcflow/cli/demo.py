@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 import click
 
 from cdcflow.cli.run import exit_now, spark_session, supervise
+from cdcflow.errors import FailedPrecondition
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.store.database import Database
 from cdcflow.streams.catalog import Catalog
@@ -55,11 +57,17 @@ def _prepare(folder: Path) -> tuple[str, Catalog, StreamDefinition]:
     return path, catalog, definition
 
 
-def _wait(catalog: Catalog, state: StreamState, stop: threading.Event, seconds: float) -> None:
+def _wait(catalog: Catalog, state: StreamState, stop: threading.Event, seconds: float,
+          drain: bool = False) -> None:
+    """Poll until the stream is in `state`. `drain`: a failure while draining ends the drain
+    (the runner retries the stream into RUNNING), so ask for it again."""
     deadline = time.monotonic() + seconds
-    while catalog.get("demo").state != state:
-        if catalog.get("demo").state == StreamState.FAILED_PERMANENTLY:
+    while (current := catalog.get("demo").state) != state:
+        if current == StreamState.FAILED_PERMANENTLY:
             raise click.ClickException(f"the stream failed: {catalog.errors('demo')[:3]}")
+        if drain and current == StreamState.RUNNING:
+            with contextlib.suppress(FailedPrecondition):  # it moved on meanwhile
+                catalog.act("demo", "drain")
         if time.monotonic() > deadline or stop.is_set():
             raise click.ClickException(f"the stream did not reach {state.value}")
         time.sleep(0.3)
@@ -106,7 +114,7 @@ def demo(duration: float, rate: float, output: str, master: str, as_json: bool,
         workload.start()
         workload.join()
         catalog.act("demo", "drain")
-        _wait(catalog, StreamState.PAUSED, stop, 300)
+        _wait(catalog, StreamState.PAUSED, stop, 300, drain=True)
     finally:
         stop.set()
         display.join()

@@ -345,7 +345,8 @@ class Connection:
         self.check_mode(mode, types[0] if types else None)
         prepared = pending.prepare(data, self.table.schema, self.table.primary_key,
                                    pending.ingest_stamp(self.table.clock))
-        written = pending.append(self.table.root, prepared, app_id, version)
+        written = pending.append(self.table.root, prepared, app_id, version,
+                                 self.table.clock)
         self.mode = mode
         return written
 

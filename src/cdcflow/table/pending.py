@@ -16,7 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from cdcflow.clock import Clock
@@ -188,22 +189,24 @@ def prepare(data: pa.Table, schema: pa.Schema, primary_key: tuple[str, ...],
     return pa.Table.from_arrays(columns, schema=pending_schema(schema))
 
 
-def append(root: str | Path, rows: pa.Table, app_id: str | None, version: int | None) -> bool:
+def append(root: str | Path, rows: pa.Table, app_id: str | None, version: int | None,
+           clock: Clock) -> bool:
     """Commit prepared rows; False (nothing written) when (app_id, version) is already in."""
     path = pending_path(root)
-    properties = None
     if app_id is not None:
         if version is None or version < 0:
             raise InvalidArgument(f"version {version!r} must be a non-negative integer")
         current = DeltaTable(path).transaction_version(app_id)
         if current is not None and current >= version:
             return False
-        properties = CommitProperties(app_transactions=[Transaction(app_id, version)])
-    if rows.num_rows == 0 and properties is None:
+    elif rows.num_rows == 0:
         return True
     order = pa.schema(DeltaTable(path).schema().to_arrow()).names  # added columns come last
-    write_deltalake(path, rows.select(order), mode="append", commit_properties=properties)
-    return True
+    files = [write_pending_file(str(root), rows.select(order))] if rows.num_rows else []
+    return commit_pending_files(str(root), files, app_id, version, clock)
+
+COMMIT_ATTEMPTS = 20
+"""How often a commit of pending files is tried against applies that commit first."""
 
 
 def applied_version(root: str | Path, app_id: str) -> int | None:
@@ -226,20 +229,31 @@ def write_pending_file(root: str, prepared: pa.Table) -> dict[str, Any]:
 def commit_pending_files(root: str, files: list[dict[str, Any]], app_id: str | None,
                          batch_id: int | None, clock: Clock) -> bool:
     """Register written files in one Delta commit with (app_id, batch_id); False if the batch
-    was committed before (the files of this attempt stay orphans, never read)."""
-    table = DeltaTable(pending_path(root))
-    if app_id is not None and batch_id is not None:
-        current = table.transaction_version(app_id)
-        if current is not None and current >= batch_id:
-            return False
+    was committed before (the files of this attempt stay orphans, never read).
+
+    An apply that removes applied pending files may commit first: Delta then refuses this
+    commit ("a concurrent transaction deleted data this operation read"), although adding new
+    files reads nothing the apply removed. The commit is tried again on the new version, after
+    the same check of (app_id, batch_id)."""
     transactions = ([Transaction(app_id, batch_id)]
                     if app_id is not None and batch_id is not None else None)
     now_ms = to_micros(clock.now()) // 1000
     actions: list[AddAction | RemoveAction] = [
         AddAction(f["path"], int(f["size"]), {}, now_ms, True,
                   json.dumps({"numRecords": int(f["rows"])})) for f in files]
-    table.create_write_transaction(
-        actions, mode="append", schema=table.schema(),
-        commit_properties=CommitProperties(app_transactions=transactions),
-    )
-    return True
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        table = DeltaTable(pending_path(root))
+        if app_id is not None and batch_id is not None:
+            current = table.transaction_version(app_id)
+            if current is not None and current >= batch_id:
+                return False
+        try:
+            table.create_write_transaction(
+                actions, mode="append", schema=table.schema(),
+                commit_properties=CommitProperties(app_transactions=transactions),
+            )
+            return True
+        except CommitFailedError:
+            if attempt == COMMIT_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
