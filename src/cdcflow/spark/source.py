@@ -137,7 +137,7 @@ class ChangeRangeReader(DataSourceReader):  # type: ignore[misc]
         if self.until > safe:
             self.until = to_micros(database.close_until(from_micros(self.until)))
         assert options.stream is not None
-        self.partition_list = database.partitions(options.stream)
+        self.partition_list = database.partitions(options.stream, self.after + 1)
 
     def partitions(self) -> Sequence[InputPartition]:
         return _slices(self.options, self.partition_list, self.after, self.until)
@@ -188,7 +188,11 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self.idle = 0
 
     def _offset_at(self, micros: int) -> StreamOffset:
-        return StreamOffset(micros, frontier_at(self.database.partitions(self.stream), micros))
+        return StreamOffset(micros, frontier_at(self._live(micros), micros))
+
+    def _live(self, consumed: int) -> list[PartitionMetadata]:
+        """The partitions a read after `consumed` can meet (not the finished lineage)."""
+        return self.database.partitions(self.stream, ending_after=consumed + 1)
 
     def initialOffset(self) -> dict[str, Any]:
         return self._offset_at(_starting_micros(self.options, self.database)).to_dict()
@@ -223,7 +227,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             self._rest()
             return begin.to_dict()
         self.idle = 0
-        partitions = self.database.partitions(self.stream)
+        partitions = self._live(begin.timestamp)
         fresh = StreamOffset(begin.timestamp, frontier_at(partitions, begin.timestamp))
         end = batch_end(partitions, fresh, safe)
         max_rows = self._max_rows(limit)
@@ -267,7 +271,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         begin, finish = StreamOffset.from_dict(start), StreamOffset.from_dict(end)
         if finish.timestamp <= begin.timestamp:
             return []
-        partitions = self.database.partitions(self.stream)
+        partitions = self._live(begin.timestamp)
         return _slices(self.options, partitions, begin.timestamp, finish.timestamp)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -53,7 +53,8 @@ class LogReader(Protocol):
 
     def change_stream(self, name: str) -> ChangeStreamDef: ...
 
-    def partitions(self, stream: str) -> list[PartitionMetadata]: ...
+    def partitions(self, stream: str, ending_after: int | None = None
+                   ) -> list[PartitionMetadata]: ...
 
     def current_timestamp(self) -> datetime: ...
 
@@ -290,12 +291,15 @@ class ChangeLog(LogWriter, ShardApi):
 
     # ---- partitions ---------------------------------------------------------------------
 
-    def partitions(self, stream: str) -> list[PartitionMetadata]:
-        """Every partition of `stream`, finished ones included, oldest first."""
+    def partitions(self, stream: str, ending_after: int | None = None
+                   ) -> list[PartitionMetadata]:
+        """Every partition of `stream`, finished ones included, oldest first. With
+        `ending_after` (micros), only those active or ending after it: what a reader that
+        consumed everything up to it can still meet, however long the lineage behind."""
         session = self._session()
         with read_transaction(session.conn):
             session.refresh().stream(stream)
-            return partition_map.all_partitions(session.conn, stream)
+            return partition_map.all_partitions(session.conn, stream, ending_after)
 
     def split_partition(self, stream: str, token: str, at: int | None = None) -> tuple[str, str]:
         """Split an active partition at hash position `at` (default: its midpoint)."""

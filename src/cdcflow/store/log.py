@@ -90,11 +90,20 @@ def partition_parents(conn: sqlite3.Connection, stream: str, token: str) -> list
     return result
 
 
-def all_partitions(conn: sqlite3.Connection, stream: str) -> list[PartitionRow]:
+def all_partitions(conn: sqlite3.Connection, stream: str,
+                   ending_after: int | None = None) -> list[PartitionRow]:
+    """Every partition of `stream`; with `ending_after`, only those still active or ending
+    later than that (the ones a read from there on can meet)."""
+    if ending_after is None:
+        return conn.execute(
+            f"SELECT {_PARTITION_COLUMNS} FROM _partitions WHERE stream = ? "
+            "ORDER BY start_micros, range_start",
+            (stream,),
+        ).fetchall()
     return conn.execute(
         f"SELECT {_PARTITION_COLUMNS} FROM _partitions WHERE stream = ? "
-        "ORDER BY start_micros, range_start",
-        (stream,),
+        "AND (end_micros IS NULL OR end_micros > ?) ORDER BY start_micros, range_start",
+        (stream, ending_after),
     ).fetchall()
 
 

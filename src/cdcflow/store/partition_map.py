@@ -73,8 +73,9 @@ def _to_metadata(row: log.PartitionRow) -> PartitionMetadata:
     )
 
 
-def all_partitions(conn: sqlite3.Connection, stream: str) -> list[PartitionMetadata]:
-    return [_to_metadata(r) for r in log.all_partitions(conn, stream)]
+def all_partitions(conn: sqlite3.Connection, stream: str,
+                   ending_after: int | None = None) -> list[PartitionMetadata]:
+    return [_to_metadata(r) for r in log.all_partitions(conn, stream, ending_after)]
 
 
 def active_partitions(conn: sqlite3.Connection, stream: str) -> list[PartitionMetadata]:

@@ -9,14 +9,16 @@ from datetime import timedelta
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from cdcflow import Database, PartitionPolicy
 from cdcflow.errors import InvalidArgument, OutOfRange
 from cdcflow.model.timestamps import to_micros
-from cdcflow.spark.offsets import StreamOffset, admit
+from cdcflow.spark.offsets import StreamOffset, admit, batch_end, frontier_at
 from cdcflow.spark.options import parse_options
-from cdcflow.spark.source import ChangeStreamReader, ChangeStreamSource
+from cdcflow.spark.source import ChangeStreamReader, ChangeStreamSource, _slices
 
 pytestmark = pytest.mark.unit
 
@@ -188,3 +190,42 @@ def test_position_that_fell_out_of_retention_is_a_clear_error(db_path: str, cloc
     clock.advance(timedelta(hours=2))
     with pytest.raises(OutOfRange, match="earliest valid timestamp"):
         r.latestOffset(start, ReadAllAvailable())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=st.lists(st.sampled_from(["commit", "split", "merge"]), min_size=1, max_size=14))
+def test_planning_over_live_partitions_equals_planning_over_the_whole_lineage(
+        tmp_path_factory: pytest.TempPathFactory, steps: list[str]):
+    """CS-4, goal 4 of issue 11: the reader plans from the partitions still active or ending
+    after its position; frontier, batch end and slices equal those over every partition."""
+    db = Database.open(tmp_path_factory.mktemp("lineage") / "l.db",
+                       partition_policy=PartitionPolicy(auto=False))
+    db.ddl("CREATE TABLE K (Id INT64 NOT NULL, V INT64) PRIMARY KEY (Id)")
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    moments = [commit(db, [0])]
+    for number, step in enumerate(steps):
+        active = [p for p in db.partitions("S") if p.state == "ACTIVE"]
+        if step == "split":
+            db.split_partition("S", active[number % len(active)].token)
+        elif step == "merge" and len(active) > 1:
+            ordered = sorted(active, key=lambda p: p.key_range.start)
+            db.merge_partitions("S", [ordered[0].token, ordered[1].token])
+        moments.append(commit(db, [number, number + 7]))
+    options = parse_options({"database": db.path, "stream": "S"})
+    everything = db.partitions("S")
+    safe = to_micros(db.current_timestamp())
+    edges = moments + [to_micros(t) for p in everything
+                       for t in (p.start_timestamp, p.end_timestamp) if t is not None]
+    for consumed in sorted({m + d for m in edges for d in (-3, -2, -1, 0, 1)}):
+        live = db.partitions("S", ending_after=consumed + 1)
+        assert len(live) <= len(everything)
+        frontier = frontier_at(everything, consumed)
+        assert frontier_at(live, consumed) == frontier
+        offset = StreamOffset(consumed, frontier)
+        end = batch_end(everything, offset, safe)
+        assert batch_end(live, offset, safe) == end
+        assert frontier_at(live, end) == frontier_at(everything, end)
+        pieces = [p.piece for p in _slices(options, everything, consumed, end)]
+        assert [p.piece for p in _slices(options, live, consumed, end)] == pieces
+    if any(p.end_timestamp is not None for p in everything):  # the finished ones are left out
+        assert len(db.partitions("S", ending_after=safe)) < len(everything)
