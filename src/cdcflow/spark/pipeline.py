@@ -59,6 +59,9 @@ class BatchPlan:
     tables: dict[str, str]
     app_id: str
     events: EventsPlan | None = None
+    driver_rows: int = 20_000
+    """A batch of at most this many mods is folded and written on the driver: no shuffle,
+    no second stage (0: every batch goes through the executors)."""
 
     def writer(self) -> EventFileWriter | None:
         if self.events is None:
@@ -128,10 +131,7 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int) -> dict[str, Any]:
     events_done = writer is None or writer.is_committed(batch_id)
     if cdc_done and events_done:
         return {"rows": 0, "seconds": 0.0, "last_micros": None}
-    arranged = frame.repartition("table_name", "keys").sortWithinPartitions(*LOG_ORDER)
-    written = [r.asDict() for r in arranged.mapInArrow(
-        lambda it: process_partition(plan, batch_id, it, not cdc_done, not events_done),
-        OUT_SCHEMA).collect()]
+    written = _written(plan, frame, batch_id, not cdc_done, not events_done)
     if writer is not None and not events_done:
         files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
         writer.commit_batch(batch_id, files)
@@ -144,6 +144,24 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int) -> dict[str, Any]:
     lasts = [w["last_micros"] for w in written if w["last_micros"]]
     return {"rows": sum(w["rows"] for w in written if w["kind"] == "count"),
             "seconds": time.monotonic() - began, "last_micros": max(lasts) if lasts else None}
+
+
+def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
+             write_events: bool) -> list[dict[str, Any]]:
+    """Fold and write a batch; the descriptions of what was written. A small batch (one
+    read, at most `plan.driver_rows` mods) is done on the driver in one piece: every key's
+    mods are in it (the fold orders them). A larger one is repartitioned by (table, keys)
+    and done by the executors."""
+    if plan.driver_rows > 0:
+        small = frame.limit(plan.driver_rows + 1).toArrow()
+        if small.num_rows <= plan.driver_rows:
+            return [row for batch in process_partition(
+                plan, batch_id, iter(small.to_batches()), write_tables, write_events)
+                for row in batch.to_pylist()]
+    arranged = frame.repartition("table_name", "keys").sortWithinPartitions(*LOG_ORDER)
+    return [r.asDict() for r in arranged.mapInArrow(
+        lambda it: process_partition(plan, batch_id, it, write_tables, write_events),
+        OUT_SCHEMA).collect()]
 
 
 def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,

@@ -109,7 +109,7 @@ def test_a_column_the_source_adds_reaches_the_table_from_many_partitions(spark,
     table = CdcTable.create(tmp_path / "w" / OBJECT, "id INT64 NOT NULL, owner STRING(MAX), "
                             "balance INT64", ["id"])
     plan = BatchPlan("pg-shop", "shop", (OBJECT,), {OBJECT: str(table.root.resolve())},
-                     "stream:pg-shop")
+                     "stream:pg-shop", driver_rows=0)  # the executors' path
     spark.conf.set("spark.sql.adaptive.enabled", "false")  # keep every shuffle partition
     try:
         query = start_query(spark, plan, str(tmp_path / "pg.log"), "changes", "earliest",
@@ -158,3 +158,40 @@ def test_a_batch_replayed_after_its_events_committed_changes_nothing_twice(
     delete = next(e for e in events if e["source_metadata"]["is_deleted"])
     assert delete["payload"] == {"id": "1", "owner": "o1", "balance": "11"}
     assert CdcTable.open(table.root).to_arrow().num_rows == 0
+
+
+def run_into(spark, tmp_path: Path, log_path: Path, name: str, driver_rows: int
+             ) -> tuple[dict, list[dict]]:
+    table = CdcTable.create(tmp_path / name / OBJECT, "id INT64 NOT NULL, owner STRING(MAX), "
+                            "balance INT64", ["id"])
+    plan = BatchPlan("s", "shop", (OBJECT,), {OBJECT: str(table.root.resolve())}, "stream:s",
+                     EventsPlan(str(tmp_path / name / "events"), "json", Rotation()),
+                     driver_rows=driver_rows)
+    query = start_query(spark, plan, str(log_path), "changes", "earliest",
+                        tmp_path / name / "ckpt", {"availableNow": True}, max_records=25)
+    query.awaitTermination()
+    assert query.exception() is None
+    rows = {r["id"]: r for r in CdcTable.open(table.root).to_arrow().to_pylist()}
+    files = EventFileWriter(tmp_path / name / "events", "s").committed_files()
+    events = [{k: v for k, v in e.items() if k != "read_timestamp"}
+              for f in files for e in read_json_events(f)]
+    return rows, sorted(events, key=lambda e: e["uuid"])
+
+
+def test_small_batches_on_the_driver_equal_batches_through_the_executors(spark,
+                                                                          tmp_path: Path):
+    """Issue 11: the driver's path for small batches and the executors' path give the same
+    CDC table and the same events (EV-4..6, AP-1), over many partitions and batches."""
+    log = ChangeLog.open(tmp_path / "pg.log", initial_partitions=3)
+    log.ensure_change_stream("changes")
+    position = None
+    for number in range(1, 31):
+        kinds = ["INSERT", "UPDATE", "UPDATE", "DELETE"]
+        changes = [(kinds[(number * 7 + k) % 4], (number * 5 + k * 3) % 17, number * 10 + k)
+                   for k in range(1 + number % 4)]
+        log.append("pg", pg_transaction(number, changes), position, {"n": number})
+        position = {"n": number}
+    executors = run_into(spark, tmp_path, tmp_path / "pg.log", "executors", driver_rows=0)
+    driver = run_into(spark, tmp_path, tmp_path / "pg.log", "driver", driver_rows=10_000)
+    assert executors[0] and len(executors[1]) == sum(1 + n % 4 for n in range(1, 31))
+    assert driver == executors
