@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +25,15 @@ import pyarrow as pa
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.events.files import EventFileWriter, Rotation
 from cdcflow.model.events import change_of_row, event_of_change
+from cdcflow.model.timestamps import to_micros
+from cdcflow.spark.driver_batch import DriverReader
+from cdcflow.spark.options import parse_options
 from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
 from cdcflow.table.fold import LOG_ORDER, added_fields, fold_mods, pending_rows
 from cdcflow.table.pending import (
+    PendingLogs,
     applied_version,
     commit_pending_files,
     ingest_stamp,
@@ -70,6 +74,11 @@ class BatchPlan:
                                self.events.rotation)
 
 
+def _micros(stamp: datetime) -> int:
+    """Micros of a commit timestamp as Arrow gives it (UTC; naive from some readers)."""
+    return to_micros(stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC))
+
+
 def _out(kind: str, **values: Any) -> dict[str, Any]:
     return {"kind": kind, "table_root": "", "path": "", "size": 0, "rows": 0, "files": "",
             "events": 0, "last_micros": 0, "added": fields_to_json([])} | values
@@ -90,16 +99,19 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
     tables: dict[str, CdcTable | None] = {
         name: CdcTable.open(plan.tables[name]) if name in plan.tables else None
         for name in plan.objects}
-    folded = fold_mods(tables, mods)
-    last = max(change_of_row(m).commit_micros for m in mods)
+    present = {m["table_name"] for m in mods}
+    schemas = {name: table.schema for name, table in tables.items()
+               if table is not None and name in present}  # one Delta read per table
+    folded = fold_mods(tables, mods, schemas)
+    last = max(_micros(m["commit_timestamp"]) for m in mods)
     out: list[dict[str, Any]] = []
     stamp = ingest_stamp(SYSTEM_CLOCK)
     for name, table in tables.items():
         mine = [f for f in folded if f.table == name]
         if write_tables and table is not None and mine and table.primary_key:
-            added = added_fields(table, mine)
-            described = write_pending_file(plan.tables[name],
-                                           pending_rows(table, mine, stamp, added))
+            added = added_fields(schemas[name], mine)
+            described = write_pending_file(plan.tables[name], pending_rows(
+                table, schemas[name], mine, stamp, added))
             out.append(_out("cdc", **described, last_micros=last,
                             added=fields_to_json(added)))
     writer = plan.writer()
@@ -114,24 +126,27 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
     yield pa.RecordBatch.from_pylist(out)
 
 
-def _committed(root: str, app_id: str, batch_id: int) -> bool:
-    version = applied_version(root, app_id)
+def _committed(root: str, app_id: str, batch_id: int, logs: PendingLogs) -> bool:
+    version = applied_version(root, app_id, logs)
     return version is not None and version >= batch_id
 
 
-def run_batch(plan: BatchPlan, frame: Any, batch_id: int) -> dict[str, Any]:
+def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
+              driver: DriverReader | None = None, logs: PendingLogs | None = None
+              ) -> dict[str, Any]:
     """Driver side of one batch; returns counters: rows, seconds, last commit micros.
 
     The event manifest commits before the tables: a replay after a crash between the two
     writes no events and folds the table rows again from the tables as they were before the
     batch. (Tables first would fold the replay's events onto the rows after the batch.)"""
     began = time.monotonic()
+    logs = logs or PendingLogs()
     writer = plan.writer()
-    cdc_done = all(_committed(root, plan.app_id, batch_id) for root in plan.tables.values())
+    cdc_done = all(_committed(root, plan.app_id, batch_id, logs) for root in plan.tables.values())
     events_done = writer is None or writer.is_committed(batch_id)
     if cdc_done and events_done:
         return {"rows": 0, "seconds": 0.0, "last_micros": None}
-    written = _written(plan, frame, batch_id, not cdc_done, not events_done)
+    written = _written(plan, frame, batch_id, not cdc_done, not events_done, driver)
     if writer is not None and not events_done:
         files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
         writer.commit_batch(batch_id, files)
@@ -140,24 +155,26 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int) -> dict[str, Any]:
         added = [f for w in mine for f in fields_from_json(w["added"])]
         if added:
             CdcTable.open(root).add_columns(added)  # before the files that hold them commit
-        commit_pending_files(root, mine, plan.app_id, batch_id, SYSTEM_CLOCK)
+        commit_pending_files(root, mine, plan.app_id, batch_id, SYSTEM_CLOCK, logs)
     lasts = [w["last_micros"] for w in written if w["last_micros"]]
     return {"rows": sum(w["rows"] for w in written if w["kind"] == "count"),
             "seconds": time.monotonic() - began, "last_micros": max(lasts) if lasts else None}
 
 
 def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
-             write_events: bool) -> list[dict[str, Any]]:
-    """Fold and write a batch; the descriptions of what was written. A small batch (one
-    read, at most `plan.driver_rows` mods) is done on the driver in one piece: every key's
-    mods are in it (the fold orders them). A larger one is repartitioned by (table, keys)
-    and done by the executors."""
-    if plan.driver_rows > 0:
-        small = frame.limit(plan.driver_rows + 1).toArrow()
-        if small.num_rows <= plan.driver_rows:
-            return [row for batch in process_partition(
-                plan, batch_id, iter(small.to_batches()), write_tables, write_events)
-                for row in batch.to_pylist()]
+             write_events: bool, driver: DriverReader | None) -> list[dict[str, Any]]:
+    """Fold and write a batch; the descriptions of what was written. A small batch (at most
+    `plan.driver_rows` mods) is done on the driver in one piece: every key's mods are in it
+    (the fold orders them). It is read from the log by `driver` when it can, else by one
+    Spark read. A larger one is repartitioned by (table, keys) and done by the executors."""
+    small = driver.read(batch_id) if driver is not None and plan.driver_rows > 0 else None
+    if small is None and plan.driver_rows > 0:
+        table = frame.limit(plan.driver_rows + 1).toArrow()
+        small = table.to_batches() if table.num_rows <= plan.driver_rows else None
+    if small is not None:
+        return [row for batch in process_partition(
+            plan, batch_id, iter(small), write_tables, write_events)
+            for row in batch.to_pylist()]
     arranged = frame.repartition("table_name", "keys").sortWithinPartitions(*LOG_ORDER)
     return [r.asDict() for r in arranged.mapInArrow(
         lambda it: process_partition(plan, batch_id, it, write_tables, write_events),
@@ -173,15 +190,17 @@ def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,
     `trigger` is a writeStream trigger (e.g. {"processingTime": "1 second"},
     {"availableNow": True}); `on_batch` sees each batch's counters; `control` is the path of
     the query's control file, to stop it between batches (`cdcflow.spark.queries`)."""
-    reader = (spark.readStream.format("cdcflow").option("database", log_path)
-              .option("stream", change_stream).option("startingTimestamp", starting))
+    options = {"database": log_path, "stream": change_stream, "startingTimestamp": starting}
     if max_records:
-        reader = reader.option("maxRecordsPerTrigger", max_records)
+        options["maxRecordsPerTrigger"] = str(max_records)
     if control:
-        reader = reader.option("controlPath", control)
+        options["controlPath"] = control
+    reader = spark.readStream.format("cdcflow").options(**options)
+    driver = DriverReader(str(checkpoint), parse_options(options), plan.driver_rows)
+    logs = PendingLogs()
 
     def batch(frame: Any, batch_id: int) -> None:
-        result = run_batch(plan, frame, batch_id)
+        result = run_batch(plan, frame, batch_id, driver, logs)
         if on_batch is not None:
             on_batch(result)
 

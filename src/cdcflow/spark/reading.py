@@ -12,8 +12,10 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from cdcflow.model.partitions import PartitionMetadata
 from cdcflow.model.source import EMBEDDED
-from cdcflow.model.timestamps import format_rfc3339, from_micros, parse_timestamp
+from cdcflow.model.timestamps import format_rfc3339, from_micros, parse_timestamp, to_micros
+from cdcflow.spark.options import SourceOptions
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, arrow_of, table_columns
 from cdcflow.store.changelog import open_log
 from cdcflow.store.database import Database
@@ -46,6 +48,22 @@ class SnapshotSlice:
     read_micros: int
     hash_start: int
     hash_end: int
+
+
+def change_slices(options: SourceOptions, partitions: list[PartitionMetadata], after: int,
+                  until: int) -> list[ChangeSlice]:
+    """One slice per partition whose span meets [after + 1, until]."""
+    assert options.stream is not None
+    out = []
+    for p in partitions:
+        start = to_micros(p.start_timestamp)
+        end = None if p.end_timestamp is None else to_micros(p.end_timestamp)
+        if start <= until and (end is None or end > after + 1):
+            out.append(ChangeSlice(options.database, options.stream, p.token,
+                                   max(after, start - 1),
+                                   until if end is None else min(until, end - 1), end,
+                                   options.heartbeat_ms, options.raw))
+    return out
 
 
 def _bodies(piece: ChangeSlice) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -32,7 +32,13 @@ from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, t
 from cdcflow.spark.offsets import StreamOffset, admit, batch_end, frontier_at
 from cdcflow.spark.options import SourceOptions, parse_options
 from cdcflow.spark.queries import acknowledge, read_control
-from cdcflow.spark.reading import ChangeSlice, SnapshotSlice, read_changes, read_snapshot
+from cdcflow.spark.reading import (
+    ChangeSlice,
+    SnapshotSlice,
+    change_slices,
+    read_changes,
+    read_snapshot,
+)
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, ddl_of, table_columns
 from cdcflow.store.changelog import LogReader, open_log
 from cdcflow.store.database import Database
@@ -86,17 +92,7 @@ def _slices(
     options: SourceOptions, partitions: list[PartitionMetadata], after: int, until: int
 ) -> list[SlicePartition]:
     """One slice per partition whose span meets [after + 1, until]."""
-    assert options.stream is not None
-    out = []
-    for p in partitions:
-        start = to_micros(p.start_timestamp)
-        end = None if p.end_timestamp is None else to_micros(p.end_timestamp)
-        if start <= until and (end is None or end > after + 1):
-            piece = ChangeSlice(options.database, options.stream, p.token, max(after, start - 1),
-                                until if end is None else min(until, end - 1), end,
-                                options.heartbeat_ms, options.raw)
-            out.append(SlicePartition(piece))
-    return out
+    return [SlicePartition(piece) for piece in change_slices(options, partitions, after, until)]
 
 
 def _starting_micros(options: SourceOptions, database: LogReader) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import UTC
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
@@ -60,7 +61,13 @@ def log_order(mod: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _types_of(mod: dict[str, Any]) -> dict[str, ColumnTypeInfo]:
-    return {c["name"]: ColumnTypeInfo.from_dict(c) for c in json.loads(mod["column_types"])}
+    """The column types of a mod (read-only: shared by every mod with the same text)."""
+    return _parsed_types(mod["column_types"])
+
+
+@lru_cache(maxsize=1024)
+def _parsed_types(text: str) -> dict[str, ColumnTypeInfo]:
+    return {c["name"]: ColumnTypeInfo.from_dict(c) for c in json.loads(text)}
 
 
 def _needs_base(mod: dict[str, Any]) -> bool:
@@ -83,10 +90,10 @@ def _group_key(mod: dict[str, Any]) -> str:
     return f"{mod['server_transaction_id']}/{mod['record_sequence']}/{mod['mod_index']}"
 
 
-def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]]
-              ) -> list[FoldedKey]:
+def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]],
+              schemas: dict[str, pa.Schema] | None = None) -> list[FoldedKey]:
     """Fold mods per key in log order onto the key's row before the batch, looked up in its
-    table when there is one."""
+    table when there is one. `schemas`: the tables' schemas when the caller has read them."""
     by_table: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for mod in sorted(mods, key=log_order):
         by_table.setdefault(mod["table_name"], {}).setdefault(_group_key(mod), []).append(mod)
@@ -105,7 +112,8 @@ def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]]
         wanted += [key_of(moved) for group in keyed.values() for mod in group
                    if (moved := _moved_from(mod)) is not None]
         base = table.lookup(wanted) if table is not None and key_names else {}
-        context = _Context(key_names, base, table.schema.names if table is not None else None)
+        schema = (schemas or {}).get(table_name) or (table.schema if table is not None else None)
+        context = _Context(key_names, base, schema.names if schema is not None else None)
         for group in keyed.values():  # in the order of their first mods
             folded.append(_fold_key(table_name, group, context))
     return folded
@@ -179,9 +187,9 @@ def sequence_of(mod: dict[str, Any]) -> str:
         to_micros(stamp), int(mod["record_sequence"]), int(mod["mod_index"])))
 
 
-def added_fields(table: CdcTable, folded: list[FoldedKey]) -> list[pa.Field]:
-    """Columns the mods carry that the table lacks (the source added them)."""
-    known = set(table.schema.names)
+def added_fields(schema: pa.Schema, folded: list[FoldedKey]) -> list[pa.Field]:
+    """Columns the mods carry that a table of `schema` lacks (the source added them)."""
+    known = set(schema.names)
     fields: dict[str, pa.Field] = {}
     for item in folded:
         for info in _types_of(item.mods[-1]).values():
@@ -190,11 +198,11 @@ def added_fields(table: CdcTable, folded: list[FoldedKey]) -> list[pa.Field]:
     return list(fields.values())
 
 
-def pending_rows(table: CdcTable, folded: list[FoldedKey], ingest_ns: int,
-                 added: list[pa.Field] | None = None) -> pa.Table:
+def pending_rows(table: CdcTable, table_schema: pa.Schema, folded: list[FoldedKey],
+                 ingest_ns: int, added: list[pa.Field] | None = None) -> pa.Table:
     """UPSERT/DELETE rows of the final state of each folded key of one table, in the table's
-    schema plus the `added` columns."""
-    schema = pa.schema([*table.schema, *(added or [])])
+    schema (as read by the caller) plus the `added` columns."""
+    schema = pa.schema([*table_schema, *(added or [])])
     columns = schema.names
     out = []
     for item in folded:

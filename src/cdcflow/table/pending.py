@@ -209,8 +209,37 @@ COMMIT_ATTEMPTS = 20
 """How often a commit of pending files is tried against applies that commit first."""
 
 
-def applied_version(root: str | Path, app_id: str) -> int | None:
-    return DeltaTable(pending_path(root)).transaction_version(app_id)
+class PendingLogs:
+    """The pending Delta tables one streaming query commits to, each loaded once and then
+    brought up to date with the commits since (a fresh load reads every commit since the
+    last checkpoint: tens of ms, on every batch). For one query's lifetime only: a table
+    deleted and created again under the same root would not be noticed."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, DeltaTable] = {}
+        self._lock = threading.Lock()
+
+    def fresh(self, root: str | Path, refresh: bool = True) -> DeltaTable:
+        """The table at its newest version (`refresh=False`: as last loaded; a commit on a
+        stale version is checked against the commits since and retried on a conflict)."""
+        path = pending_path(root)
+        with self._lock:
+            table = self._tables.get(path)
+            if table is None:
+                table = self._tables[path] = DeltaTable(path)
+            elif refresh:
+                table.update_incremental()
+            return table
+
+
+def _pending_table(root: str | Path, logs: PendingLogs | None, refresh: bool = True
+                   ) -> DeltaTable:
+    return DeltaTable(pending_path(root)) if logs is None else logs.fresh(root, refresh)
+
+
+def applied_version(root: str | Path, app_id: str, logs: PendingLogs | None = None
+                    ) -> int | None:
+    return _pending_table(root, logs).transaction_version(app_id)
 
 
 
@@ -227,7 +256,8 @@ def write_pending_file(root: str, prepared: pa.Table) -> dict[str, Any]:
 
 
 def commit_pending_files(root: str, files: list[dict[str, Any]], app_id: str | None,
-                         batch_id: int | None, clock: Clock) -> bool:
+                         batch_id: int | None, clock: Clock, logs: PendingLogs | None = None
+                         ) -> bool:
     """Register written files in one Delta commit with (app_id, batch_id); False if the batch
     was committed before (the files of this attempt stay orphans, never read).
 
@@ -242,7 +272,7 @@ def commit_pending_files(root: str, files: list[dict[str, Any]], app_id: str | N
         AddAction(f["path"], int(f["size"]), {}, now_ms, True,
                   json.dumps({"numRecords": int(f["rows"])})) for f in files]
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
-        table = DeltaTable(pending_path(root))
+        table = _pending_table(root, logs, refresh=attempt > 1)  # the caller just loaded it
         if app_id is not None and batch_id is not None:
             current = table.transaction_version(app_id)
             if current is not None and current >= batch_id:

@@ -15,7 +15,10 @@ from cdcflow.events.files import EventFileWriter, Rotation, read_json_events
 from cdcflow.model.changes import SourceChange, SourceTransaction
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.source import SourceMetadata, lsn_number
+from cdcflow.model.timestamps import to_micros
 from cdcflow.model.types import ColumnType
+from cdcflow.spark.driver_batch import DriverReader, logged_offset
+from cdcflow.spark.options import parse_options
 from cdcflow.spark.pipeline import BatchPlan, EventsPlan, start_query
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.table import CdcTable
@@ -195,3 +198,34 @@ def test_small_batches_on_the_driver_equal_batches_through_the_executors(spark,
     driver = run_into(spark, tmp_path, tmp_path / "pg.log", "driver", driver_rows=10_000)
     assert executors[0] and len(executors[1]) == sum(1 + n % 4 for n in range(1, 31))
     assert driver == executors
+
+
+def test_the_driver_reads_each_batch_spark_planned(spark, tmp_path: Path):
+    """Issue 11: from Spark's offset log the driver reads, for every batch after the first,
+    exactly the mods between the batch's two offsets: with the first batch, each mod of the
+    log once. Spark's batch read of the whole log is the oracle."""
+    log = ChangeLog.open(tmp_path / "pg.log", initial_partitions=3)
+    log.ensure_change_stream("changes")
+    for number in range(1, 21):
+        changes = [("INSERT", number * 4 + k, k) for k in range(4)]
+        log.append("pg", pg_transaction(number, changes),
+                   {"n": number - 1} if number > 1 else None, {"n": number})
+    run_into(spark, tmp_path, tmp_path / "pg.log", "driver", driver_rows=10_000)
+    checkpoint = tmp_path / "driver" / "ckpt"
+    options = parse_options({"database": str(tmp_path / "pg.log"), "stream": "changes",
+                             "startingTimestamp": "earliest"})
+    reader = DriverReader(str(checkpoint), options, limit=10_000)
+    batches = sorted(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit())
+    first = logged_offset(checkpoint, 0)
+    assert first is not None and len(batches) >= 3  # max_records=25 over 80 mods
+    read = [(to_micros(r["commit_timestamp"].replace(tzinfo=UTC)), json.loads(r["keys"])["id"])
+            for b in batches[1:] for part in reader.read(b) or [] for r in part.to_pylist()]
+    everything = (spark.read.format("cdcflow").option("database", str(tmp_path / "pg.log"))
+                  .option("stream", "changes").option("startingTimestamp", "earliest")
+                  .option("endingTimestamp", log.current_timestamp().isoformat()).load()
+                  .select("commit_timestamp", "keys").collect())
+    logged = [(to_micros(r["commit_timestamp"].replace(tzinfo=UTC)), json.loads(r["keys"])["id"])
+              for r in everything]
+    assert len(logged) == 80
+    assert sorted(read) == sorted(m for m in logged if m[0] > first.timestamp)
+    assert DriverReader(str(checkpoint), options, limit=3).read(batches[1]) is None  # too big
