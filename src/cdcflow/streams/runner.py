@@ -58,6 +58,19 @@ def _subclasses(cls: type) -> list[type]:
     return found
 
 
+def _batch_timing(query: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """Where a batch's time went: cdcflow's fold and writes (this batch), and Spark's own
+    phases of the previous trigger (its progress report: planning, offset and commit logs)."""
+    timing: dict[str, Any] = {"write_ms": round(result["seconds"] * 1000, 1)}
+    try:
+        progress = query.lastProgress if query is not None else None
+    except Exception:  # the query is stopping: its last report is gone with it
+        progress = None
+    if progress:
+        timing["spark_ms"] = dict(progress.get("durationMs") or {})
+    return timing
+
+
 @dataclass
 class Worker:
     """The live part of one stream in this runner."""
@@ -65,6 +78,7 @@ class Worker:
     name: str
     setup: StreamSetup | None = None
     query: Any = None
+    reporting: Any = None  # the query whose progress reports status shows (also in a drain)
     control: QueryControl | None = None
     status_source: Any = None
     thread: threading.Thread | None = None
@@ -265,13 +279,14 @@ class Runner:
         worker.control = QueryControl(checkpoints / f"{definition.name}.control")
         worker.control.release()
         trigger = {"processingTime": f"{definition.spark.trigger_seconds} seconds"}
-        return start_query(
+        worker.reporting = start_query(
             self.spark, setup.plan, log_path, change_stream,
             format_rfc3339(from_micros(int(status["cdc_start"]))),
             checkpoints / definition.name, trigger, definition.spark.max_records_per_trigger,
             lambda result: self._record_progress(definition.name, log_path, change_stream,
                                                  result, worker),
             control=worker.control.path)
+        return worker.reporting
 
     def _record_progress(self, name: str, log_path: str, change_stream: str,
                          result: dict[str, Any], worker: Worker) -> None:
@@ -296,7 +311,7 @@ class Runner:
             name, rows_processed=stats["rows_processed"], batches=stats["batches"],
             lag_seconds=lag, throughput_rows_per_second=rate, partitions=active,
             last_applied_commit=stats.get("last_applied_commit"), lag_samples=lags[-200:],
-            **extra)
+            batch_timing=_batch_timing(worker.reporting, result), **extra)
 
     def _stop_query(self, worker: Worker) -> None:
         """Stop the stream's query between batches, never inside one (see

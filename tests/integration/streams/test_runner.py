@@ -164,11 +164,21 @@ def test_the_runner_applies_cdc_tables_and_forgives_a_healthy_stream(spark, tmp_
                 watermarks.add(table["apply_watermark"])
             time.sleep(0.2)
         assert writer.exitcode == 0
-        assert catalog.get("lake").retries == 0  # forgiven after a healthy second
+        while catalog.get("lake").retries != 0:  # forgiven after a healthy second
+            assert time.monotonic() < deadline, catalog.get("lake")
+            time.sleep(0.1)
+        for _ in range(2):  # a batch, then one more after Spark has reported a trigger
+            batches = catalog.status("lake").get("batches", 0)
+            run_mixed_writer(db.path, 6, 20)
+            while catalog.status("lake").get("batches", 0) == batches:
+                assert time.monotonic() < deadline, catalog.status("lake")
+                time.sleep(0.1)
         catalog.act("lake", "drain")
         wait_for(catalog, "lake", StreamState.PAUSED)
     status = catalog.status("lake")
     assert status["tables"]["Accounts"]["pending_rows"] == 0
+    assert status["batches"] > 1 and status["batch_timing"]["write_ms"] > 0  # issue 11
+    assert status["batch_timing"]["spark_ms"]["triggerExecution"] > 0  # Spark's own phases
     assert len(watermarks) >= 3  # applied again and again while it ran
     from deltalake import DeltaTable
 
