@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from cdcflow.errors import InvalidArgument
 from cdcflow.events.avro_format import write_avro
 from cdcflow.model.events import Event
@@ -119,30 +121,42 @@ class EventFileWriter:
             groups[(event.object, minute)].append(event)
         return groups
 
-    def _rotate(self, events: list[Event]) -> list[list[Event]]:
+    def _rotate(self, events: list[Event]) -> list[list[tuple[Event, bytes]]]:
+        """Chunks of (event, its JSON line): each event is encoded once, for its size and,
+        in the JSON format, for the file."""
         events = sorted(events, key=lambda e: (e.schema_key, e.source_timestamp, e.uuid))
-        chunks: list[list[Event]] = []
+        chunks: list[list[tuple[Event, bytes]]] = []
         size = 0
         for event in events:
-            estimate = len(json.dumps(event.to_json()))
-            current = chunks[-1] if chunks else None
-            if (current is None or len(current) >= self.rotation.max_events
-                    or size + estimate > self.rotation.max_bytes
-                    or event.schema_key != current[0].schema_key
-                    or (event.source_timestamp - current[0].source_timestamp).total_seconds()
+            line = json_line(event)
+            current = chunks[-1][0][0] if chunks else None
+            if (current is None or len(chunks[-1]) >= self.rotation.max_events
+                    or size + len(line) > self.rotation.max_bytes
+                    or event.schema_key != current.schema_key
+                    or (event.source_timestamp - current.source_timestamp).total_seconds()
                     > self.rotation.max_seconds):
                 chunks.append([])
                 size = 0
-            chunks[-1].append(event)
-            size += estimate
+            chunks[-1].append((event, line))
+            size += len(line)
         return chunks
 
-    def _encode(self, events: list[Event]) -> bytes:
+    def _encode(self, chunk: list[tuple[Event, bytes]]) -> bytes:
         if self.fmt == "json":
-            return "".join(json.dumps(e.to_json()) + "\n" for e in events).encode()
+            return b"".join(line for _, line in chunk)
         buffer = io.BytesIO()
-        write_avro(buffer, events)
+        write_avro(buffer, [event for event, _ in chunk])
         return buffer.getvalue()
+
+
+def json_line(event: Event) -> bytes:
+    """One event as a line of JSON (orjson; the standard library for what orjson refuses,
+    such as integers beyond 64 bits)."""
+    fields = event.to_json()
+    try:
+        return orjson.dumps(fields) + b"\n"
+    except TypeError:
+        return (json.dumps(fields) + "\n").encode()
 
 
 def read_json_events(path: str | Path) -> list[dict[str, Any]]:

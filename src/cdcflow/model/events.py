@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, Final
 
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord
@@ -92,8 +93,19 @@ def _json_value(value: Any, column: ColumnTypeInfo) -> Any:
 
 def schema_key(object_name: str, column_types: Iterable[ColumnTypeInfo]) -> str:
     """Identifies the unified schema: changes when a column, type or key changes."""
+    return _schema_key(object_name, tuple(column_types))
+
+
+@lru_cache(maxsize=1024)
+def _schema_key(object_name: str, column_types: tuple[ColumnTypeInfo, ...]) -> str:
     text = json.dumps([object_name, [c.to_dict() for c in column_types]], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=1024)
+def _column_types(text: str) -> tuple[ColumnTypeInfo, ...]:
+    """The column types of a log row (the same text for every change of a table)."""
+    return tuple(ColumnTypeInfo.from_dict(c) for c in json.loads(text))
 
 
 def change_uuid(stream_name: str, *position: str | int) -> str:
@@ -193,7 +205,7 @@ def change_of_row(row: dict[str, Any]) -> Change:
     tx_id = str(position.pop("tx_id", row["server_transaction_id"]))
     source = SourceMetadata(row["read_method"], source_stamp, tx_id, position)
     return Change(row["table_name"], row["mod_type"],
-                  tuple(ColumnTypeInfo.from_dict(c) for c in json.loads(row["column_types"])),
+                  _column_types(row["column_types"]),
                   to_micros(commit), row["server_transaction_id"], row["record_sequence"],
                   int(row["mod_index"]), row["partition_token"], source, position)
 
