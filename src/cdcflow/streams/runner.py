@@ -290,6 +290,7 @@ class Runner:
 
     def _record_progress(self, name: str, log_path: str, change_stream: str,
                          result: dict[str, Any], worker: Worker) -> None:
+        began = time.monotonic()
         stats = worker.stats
         stats["rows_processed"] = stats.get("rows_processed", 0) + result["rows"]
         stats["batches"] = stats.get("batches", 0) + 1
@@ -311,7 +312,9 @@ class Runner:
             name, rows_processed=stats["rows_processed"], batches=stats["batches"],
             lag_seconds=lag, throughput_rows_per_second=rate, partitions=active,
             last_applied_commit=stats.get("last_applied_commit"), lag_samples=lags[-200:],
-            batch_timing=_batch_timing(worker.reporting, result), **extra)
+            batch_timing=_batch_timing(worker.reporting, result) | {
+                "report_ms": stats.get("report_ms")}, **extra)
+        stats["report_ms"] = round((time.monotonic() - began) * 1000, 1)  # shown next batch
 
     def _stop_query(self, worker: Worker) -> None:
         """Stop the stream's query between batches, never inside one (see
