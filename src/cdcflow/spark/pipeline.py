@@ -142,7 +142,8 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
     began = time.monotonic()
     logs = logs or PendingLogs()
     writer = plan.writer()
-    cdc_done = all(_committed(root, plan.app_id, batch_id, logs) for root in plan.tables.values())
+    cdc_done = not logs.ran_before(batch_id) and all(
+        _committed(root, plan.app_id, batch_id, logs) for root in plan.tables.values())
     events_done = writer is None or writer.is_committed(batch_id)
     if cdc_done and events_done:
         return {"rows": 0, "seconds": 0.0, "last_micros": None}
@@ -152,10 +153,13 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
         writer.commit_batch(batch_id, files)
     for root in plan.tables.values():
         mine = [w for w in written if w["kind"] == "cdc" and w["table_root"] == root]
+        if not mine:
+            continue  # nothing of this table in the batch: no commit (see PendingLogs.ran)
         added = [f for w in mine for f in fields_from_json(w["added"])]
         if added:
             CdcTable.open(root).add_columns(added)  # before the files that hold them commit
         commit_pending_files(root, mine, plan.app_id, batch_id, SYSTEM_CLOCK, logs)
+    logs.ran(batch_id)
     lasts = [w["last_micros"] for w in written if w["last_micros"]]
     return {"rows": sum(w["rows"] for w in written if w["kind"] == "count"),
             "seconds": time.monotonic() - began, "last_micros": max(lasts) if lasts else None}

@@ -218,6 +218,18 @@ class PendingLogs:
     def __init__(self) -> None:
         self._tables: dict[str, DeltaTable] = {}
         self._lock = threading.Lock()
+        self._last_batch: int | None = None
+
+    def ran(self, batch_id: int) -> None:
+        """Note that this query has written batch `batch_id` in full."""
+        self._last_batch = batch_id
+
+    def ran_before(self, batch_id: int) -> bool:
+        """True when this query has written a batch before `batch_id`: then `batch_id` is new
+        (a query runs its batches in order, and only a new query replays one), and whether a
+        table holds it need not be asked of Delta. A table without changes in a batch gets no
+        commit, so its (app_id, version) says nothing of later batches."""
+        return self._last_batch is not None and batch_id > self._last_batch
 
     def fresh(self, root: str | Path, refresh: bool = True) -> DeltaTable:
         """The table at its newest version (`refresh=False`: as last loaded; a commit on a
