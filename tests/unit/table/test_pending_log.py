@@ -1,0 +1,49 @@
+"""The pending table's Delta log stays short (issue 11): it takes a commit per micro-batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from cdcflow.clock import SYSTEM_CLOCK
+from cdcflow.table import CdcTable
+from cdcflow.table.pending import (
+    PENDING_LOG_PROPERTIES,
+    PendingLogs,
+    commit_pending_files,
+    pending_path,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def properties(root: Path) -> dict[str, str]:
+    return DeltaTable(pending_path(root)).metadata().configuration
+
+
+def test_a_new_pending_table_cleans_its_log(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", "id INT64 NOT NULL", ["id"])
+    assert properties(table.root).items() >= PENDING_LOG_PROPERTIES.items()
+
+
+def test_a_pending_table_made_before_gets_the_cleanup_when_a_query_opens_it(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", "id INT64 NOT NULL", ["id"])
+    DeltaTable(pending_path(table.root)).alter.set_table_properties(
+        {"delta.logRetentionDuration": "interval 30 days",
+         "delta.enableExpiredLogCleanup": "false"})
+    logs = PendingLogs()
+    logs.fresh(table.root)
+    assert properties(table.root).items() >= PENDING_LOG_PROPERTIES.items()
+    assert commit_pending_files(str(table.root), [], "app", 1, SYSTEM_CLOCK, logs)
+    assert not commit_pending_files(str(table.root), [], "app", 1, SYSTEM_CLOCK, logs)
+
+
+def test_a_query_whose_table_was_loaded_anew_elsewhere_still_sees_new_commits(tmp_path: Path):
+    table = CdcTable.create(tmp_path / "t", "id INT64 NOT NULL", ["id"])
+    logs = PendingLogs()
+    before = logs.fresh(table.root).version()
+    commit_pending_files(str(table.root), [], "other", 7, SYSTEM_CLOCK)  # another writer
+    assert logs.fresh(table.root).version() == before + 1
+    assert logs.fresh(table.root).transaction_version("other") == 7
