@@ -31,6 +31,7 @@ from cdcflow.store.database import Database
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.table import CdcTable
+from pgkit import wait_until
 
 GOAL_P50, GOAL_P99 = 0.5, 2.0
 POLL_PAUSE = 0.05  # seconds between polls: the resolution is this plus one poll
@@ -68,15 +69,6 @@ def write(path: str, rate: float, seconds: float) -> None:
         pause = began + number * ROWS_PER_TRANSACTION / rate - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-
-
-def wait_until(condition, seconds: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + seconds
-    while not (found := condition()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return found
 
 
 class Probes:
