@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,10 +71,41 @@ def _pending_files(root: Path) -> list[tuple[str, int]]:
     return sorted((a["path"], a["size_bytes"]) for a in actions)
 
 
+class PendingFileCache:
+    """Pending files' rows, each file read once per process. A pending file never changes
+    once written (a unique name, renamed into place); the fold's lookups read every unapplied
+    file of a table on every batch. Bounded by rows; the least recently used go first."""
+
+    def __init__(self, max_rows: int = 1_000_000) -> None:
+        self.max_rows = max_rows
+        self._tables: OrderedDict[tuple[str, pa.Schema], pa.Table] = OrderedDict()
+        self._rows = 0
+        self._lock = threading.Lock()
+
+    def rows(self, path: str, target: pa.Schema) -> pa.Table:
+        key = (path, target)
+        with self._lock:
+            if key in self._tables:
+                self._tables.move_to_end(key)
+                return self._tables[key]
+        table = conform(pq.read_table(path), target)
+        with self._lock:
+            if key not in self._tables and table.num_rows <= self.max_rows:
+                self._tables[key] = table
+                self._rows += table.num_rows
+                while self._rows > self.max_rows:
+                    self._rows -= self._tables.popitem(last=False)[1].num_rows
+        return table
+
+
+PENDING_FILES = PendingFileCache()
+
+
 def load_changes(root: Path, files: list[str], schema: pa.Schema) -> pa.Table:
     """The pending rows of `files` as one table in the pending schema."""
     target = pending_schema(schema)
-    tables = [conform(pq.read_table(Path(pending_path(root)) / name), target) for name in files]
+    folder = Path(pending_path(root)).resolve()
+    tables = [PENDING_FILES.rows(str(folder / name), target) for name in files]
     return pa.concat_tables(tables) if tables else target.empty_table()
 
 

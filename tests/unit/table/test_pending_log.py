@@ -47,3 +47,27 @@ def test_a_query_whose_table_was_loaded_anew_elsewhere_still_sees_new_commits(tm
     commit_pending_files(str(table.root), [], "other", 7, SYSTEM_CLOCK)  # another writer
     assert logs.fresh(table.root).version() == before + 1
     assert logs.fresh(table.root).transaction_version("other") == 7
+
+
+def test_pending_files_are_read_once_and_the_cache_keeps_to_its_rows(tmp_path: Path):
+    """Issue 11: the fold's lookups read every unapplied pending file on every batch; a
+    pending file never changes, so each is read once, within a bound of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cdcflow.table.apply import PendingFileCache
+
+    target = pa.schema([pa.field("id", pa.int64())])
+    paths = []
+    for number, rows in enumerate([3, 4, 5]):
+        paths.append(str(tmp_path / f"part-{number}.parquet"))
+        pq.write_table(pa.table({"id": list(range(rows))}, schema=target), paths[-1])
+    cache = PendingFileCache(max_rows=9)
+    first = cache.rows(paths[0], target)
+    assert cache.rows(paths[0], target) is first            # read once
+    cache.rows(paths[1], target)
+    cache.rows(paths[2], target)                             # 12 rows > 9: the oldest goes
+    assert cache.rows(paths[0], target) is not first
+    assert cache.rows(paths[0], target).to_pydict() == {"id": [0, 1, 2]}
+    wider = pa.schema([pa.field("id", pa.int64()), pa.field("note", pa.string())])
+    assert cache.rows(paths[0], wider).column_names == ["id", "note"]  # per target schema
