@@ -106,6 +106,8 @@ class TableSchema:
 
     def encode_key(self, key: tuple[Any, ...]) -> str:
         """Canonical text of a primary key, used for storage identity and hashing."""
+        if all(type(v) is int for v in key):  # what json.dumps writes for integers
+            return "[" + ",".join(map(str, key)) + "]"
         encoded = [encode_value(v, c.type) for v, c in zip(key, self.key_columns, strict=True)]
         return json.dumps(encoded, separators=(",", ":"))
 

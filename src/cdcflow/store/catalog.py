@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, replace
+from typing import Any
 
 from cdcflow.errors import AlreadyExists, DdlError, FailedPrecondition, NotFound
 from cdcflow.model.schema import (
@@ -78,10 +79,15 @@ def next_commit_micros(conn: sqlite3.Connection, now_micros: int, count: int = 1
     """Allocate the next commit timestamp under the write lock: strictly after every earlier
     commit and after every heartbeat promise (`closed_micros`). `count` > 1 allocates that
     many consecutive ones (a batch of transactions) and returns the first."""
-    meta = read_meta(conn)
-    micros = max(now_micros, int(meta["last_commit_micros"]) + 1, int(meta["closed_micros"]) + 1)
+    micros = commit_micros_after(read_meta(conn), now_micros)
     write_meta(conn, {"last_commit_micros": micros + count - 1})
     return micros
+
+
+def commit_micros_after(meta: dict[str, Any], now_micros: int) -> int:
+    """The next commit timestamp given the file's meta: now, unless an earlier commit or a
+    heartbeat promise (`closed_micros`) is at or after now."""
+    return max(now_micros, int(meta["last_commit_micros"]) + 1, int(meta["closed_micros"]) + 1)
 
 
 def apply_statement(

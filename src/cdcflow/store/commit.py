@@ -4,17 +4,19 @@ transaction (CS-1). Either the data and its records both exist, or neither does.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from cdcflow.model.partitions import PartitionPolicy
-from cdcflow.model.schema import key_hash
+from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import format_rfc3339, from_micros
 from cdcflow.store import log, partition_map, retention
 from cdcflow.store.capture import LogEntry, RowChange, build_records, encode_record
-from cdcflow.store.catalog import Catalog, next_commit_micros
-from cdcflow.store.mutations import Mutation, apply_mutation, validate_mutation
-from cdcflow.store.rows import latest_version, write_version
+from cdcflow.store.catalog import Catalog, commit_micros_after, next_commit_micros
+from cdcflow.store.mutations import Mutation, apply_mutation, table_shape, validate_mutation
+from cdcflow.store.rows import VersionRow, latest_versions, version_row, write_versions
 from cdcflow.store.session import Session
 from cdcflow.store.sqlite import write_meta, write_transaction
 
@@ -26,22 +28,37 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
     conn = session.conn
     with write_transaction(conn):
         catalog = session.refresh()
-        micros = next_commit_micros(conn, now_micros)
+        micros, transaction_id = allocate_commit(session, now_micros)
         changes = _net_changes(session, catalog, mutations, format_rfc3339(micros))
-        for change in changes:
-            write_version(
-                conn,
-                catalog.storage(change.schema.name),
-                change.encoded_key,
-                micros,
-                change.key_hash,
-                change.after,
-            )
+        _write_versions(session, catalog, changes, micros)
         streams = {s.name: s for c in changes for s in catalog.streams_watching(c.schema.name)}
         entries = build_records(changes, list(streams.values()), session.ranges_of,
-                                from_micros(micros), next_transaction_id(session))
+                                from_micros(micros), transaction_id)
         append_entries(session, catalog, entries, micros)
     return micros
+
+
+def allocate_commit(session: Session, now_micros: int) -> tuple[int, str]:
+    """One commit's timestamp and server_transaction_id (CS-7), from the meta that `refresh`
+    read under this write lock, both written back by one statement."""
+    meta = session.meta
+    micros = commit_micros_after(meta, now_micros)
+    transaction = int(meta["txn_counter"]) + 1
+    allocated = {"last_commit_micros": micros, "txn_counter": transaction}
+    write_meta(session.conn, allocated)
+    meta.update(allocated)
+    return micros, str(transaction)
+
+
+def _write_versions(session: Session, catalog: Catalog, changes: list[RowChange],
+                    micros: int) -> None:
+    """A version per changed row, one bulk insert per table."""
+    by_storage: dict[str, list[VersionRow]] = {}
+    for change in changes:
+        by_storage.setdefault(catalog.storage(change.schema.name), []).append(
+            version_row(change.encoded_key, micros, change.key_hash, change.after))
+    for storage, rows in by_storage.items():
+        write_versions(session.conn, storage, rows)
 
 
 def next_transaction_id(session: Session) -> str:
@@ -83,7 +100,7 @@ def append_timed(session: Session, catalog: Catalog, entries: Iterable[tuple[int
 
 
 def _after_append(session: Session, catalog: Catalog, streams: set[str], micros: int) -> None:
-    policy = PartitionPolicy.from_json(json.loads(session.meta["partition_policy"]))
+    policy = _policy(session.meta["partition_policy"])
     for name in streams:
         apply_policy(session, name, policy, micros)
     if micros - int(session.meta["gc_micros"]) >= GC_INTERVAL_MICROS:
@@ -96,24 +113,53 @@ def _net_changes(
     session: Session, catalog: Catalog, mutations: list[Mutation], commit_text: str
 ) -> list[RowChange]:
     """One RowChange per touched row, in order of first touch, with the net before/after."""
+    checked = [_checked(catalog, raw) for raw in mutations]
+    current = _current_rows(session, catalog, checked)
     changes: dict[tuple[str, str], RowChange] = {}
-    for raw in mutations:
-        schema = catalog.table(raw.table)
-        mutation = validate_mutation(schema, raw)
-        encoded_key = schema.encode_key(schema.key_of(mutation.values))
+    for schema, mutation, encoded_key in checked:
         change = changes.get((schema.name, encoded_key))
         if change is None:
-            current = latest_version(session.conn, catalog.storage(schema.name), encoded_key)
+            before = current[(schema.name, encoded_key)]
             change = RowChange(
-                schema, encoded_key, key_hash(schema.name, encoded_key), current, current
+                schema, encoded_key, key_hash(schema.name, encoded_key), before, before
             )
             changes[(schema.name, encoded_key)] = change
         change.after = apply_mutation(schema, mutation, change.after, commit_text)
         if mutation.kind == "replace":
-            change.written |= {c.name for c in schema.non_key_columns}
+            change.written |= table_shape(schema).non_key
         elif mutation.kind != "delete":
-            change.written |= set(mutation.values) - set(schema.primary_key)
+            key = table_shape(schema).key
+            change.written.update(name for name in mutation.values if name not in key)
     return [c for c in changes.values() if not (c.before is None and c.after is None)]
+
+
+CheckedMutation = tuple[TableSchema, Mutation, str]
+"""A mutation valid for its table's schema at commit, with its encoded primary key."""
+
+
+def _checked(catalog: Catalog, raw: Mutation) -> CheckedMutation:
+    """Validate again only if the table's schema changed since the mutation was buffered."""
+    schema = catalog.table(raw.table)
+    mutation = raw if raw.checked_against is schema else validate_mutation(schema, raw)
+    return schema, mutation, schema.encode_key(schema.key_of(mutation.values))
+
+
+def _current_rows(session: Session, catalog: Catalog, checked: list[CheckedMutation]
+                  ) -> dict[tuple[str, str], dict[str, Any] | None]:
+    """The newest version of every touched row, read per table in bulk."""
+    keys: dict[str, dict[str, None]] = {}
+    for schema, _, encoded_key in checked:
+        keys.setdefault(schema.name, {})[encoded_key] = None
+    current: dict[tuple[str, str], dict[str, Any] | None] = {}
+    for table, table_keys in keys.items():
+        found = latest_versions(session.conn, catalog.storage(table), list(table_keys))
+        current.update(((table, key), row) for key, row in found.items())
+    return current
+
+
+@functools.lru_cache(maxsize=16)
+def _policy(text: str) -> PartitionPolicy:
+    return PartitionPolicy.from_json(json.loads(text))
 
 
 def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros: int) -> None:

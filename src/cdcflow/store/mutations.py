@@ -6,12 +6,20 @@ a missing row, insert_or_update upserts written columns, replace rewrites the wh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from cdcflow.errors import AlreadyExists, InvalidArgument, NotFound, NotNullViolation
-from cdcflow.model.schema import TableSchema
-from cdcflow.model.types import COMMIT_TIMESTAMP, encode_value, validate_value
+from cdcflow.model.memo import IdentityMemo
+from cdcflow.model.schema import Column, TableSchema
+from cdcflow.model.types import (
+    COMMIT_TIMESTAMP,
+    ColumnType,
+    encode_value,
+    quick_check,
+    validate_value,
+)
 
 KINDS: Final = ("insert", "update", "insert_or_update", "replace", "delete")
 
@@ -21,6 +29,40 @@ class Mutation:
     kind: str
     table: str
     values: dict[str, Any]
+    checked_against: TableSchema | None = None
+    """The schema the values were validated against (None: not validated yet). A commit
+    validates again only when the table's schema has changed since."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    """What the commit path asks of a schema on every row, worked out once per schema."""
+
+    columns: dict[str, Column]
+    types: dict[str, ColumnType]
+    key: frozenset[str]
+    empty_row: dict[str, None]
+    not_null: tuple[str, ...]
+    non_key: frozenset[str]
+    quick: dict[str, Callable[[Any], bool]]
+    """Per column, a cheap test that a value surely passes `validate_value` unchanged."""
+
+
+def _shape_of(schema: TableSchema) -> TableShape:
+    columns = {c.name: c for c in schema.columns}
+    return TableShape(
+        columns=columns,
+        types={name: c.type for name, c in columns.items()},
+        key=frozenset(schema.primary_key),
+        empty_row=dict.fromkeys(columns),
+        not_null=tuple(c.name for c in schema.columns if c.not_null),
+        non_key=frozenset(columns) - frozenset(schema.primary_key),
+        quick={name: quick_check(c.type) for name, c in columns.items()},
+    )
+
+
+table_shape = IdentityMemo(_shape_of, size=256)
+"""A catalog keeps one schema object per table until DDL changes it."""
 
 
 def validate_mutation(schema: TableSchema, mutation: Mutation) -> Mutation:
@@ -34,25 +76,36 @@ def validate_mutation(schema: TableSchema, mutation: Mutation) -> Mutation:
             f"{mutation.kind} on {schema.name!r} needs every primary key column; "
             f"{missing_keys} missing or NULL in {values!r}"
         )
-    if mutation.kind == "delete" and set(values) - set(schema.primary_key):
+    shape = table_shape(schema)
+    if mutation.kind == "delete" and not shape.key.issuperset(values):
         raise InvalidArgument(
             f"delete on {schema.name!r} takes only key columns {list(schema.primary_key)}, "
             f"got {sorted(values)}"
         )
     checked: dict[str, Any] = {}
+    quick = shape.quick
     for name, value in values.items():
-        column = schema.column(name)
-        if value is COMMIT_TIMESTAMP and not column.allow_commit_timestamp:
-            raise InvalidArgument(
-                f"column {name!r} of {schema.name!r} takes COMMIT_TIMESTAMP only with "
-                "OPTIONS (allow_commit_timestamp = true)"
-            )
-        if value is None and column.not_null:
-            raise NotNullViolation(f"column {name!r} of {schema.name!r} is NOT NULL; got None")
-        checked[name] = validate_value(value, column.type, name)
+        passes = quick.get(name)
+        if value is not None and passes is not None and passes(value):
+            checked[name] = value  # an int, str, bool or float that the full check keeps
+        else:
+            checked[name] = _check_value(schema, shape.columns.get(name) or schema.column(name),
+                                         value)
     if mutation.kind in ("insert", "replace"):
         _require_not_null_present(schema, checked, mutation.kind)
-    return Mutation(mutation.kind, mutation.table, checked)
+    return Mutation(mutation.kind, mutation.table, checked, schema)
+
+
+def _check_value(schema: TableSchema, column: Column, value: Any) -> Any:
+    name = column.name
+    if value is COMMIT_TIMESTAMP and not column.allow_commit_timestamp:
+        raise InvalidArgument(
+            f"column {name!r} of {schema.name!r} takes COMMIT_TIMESTAMP only with "
+            "OPTIONS (allow_commit_timestamp = true)"
+        )
+    if value is None and column.not_null:
+        raise NotNullViolation(f"column {name!r} of {schema.name!r} is NOT NULL; got None")
+    return validate_value(value, column.type, name)
 
 
 def _require_not_null_present(schema: TableSchema, row: dict[str, Any], kind: str) -> None:
@@ -67,9 +120,9 @@ def encode_values(
     schema: TableSchema, values: dict[str, Any], commit_text: str
 ) -> dict[str, Any]:
     """JSON-encode validated values, resolving COMMIT_TIMESTAMP to the commit time."""
+    types = table_shape(schema).types
     return {
-        name: commit_text if value is COMMIT_TIMESTAMP
-        else encode_value(value, schema.column(name).type)
+        name: commit_text if value is COMMIT_TIMESTAMP else encode_value(value, types[name])
         for name, value in values.items()
     }
 
@@ -81,33 +134,41 @@ def apply_mutation(
     commit_text: str,
 ) -> dict[str, Any] | None:
     """The row after `mutation`, given the JSON-encoded `current` row (None: absent)."""
-    key_text = {k: mutation.values[k] for k in schema.primary_key}
     encoded = encode_values(schema, mutation.values, commit_text)
-    empty = {c.name: None for c in schema.columns}
+    shape = table_shape(schema)
+    empty = shape.empty_row
     kind = mutation.kind
     if kind == "insert_or_update":
         kind = "update" if current is not None else "insert"
     match kind:
         case "insert":
             if current is not None:
-                raise AlreadyExists(f"row {key_text} exists already in table {schema.name!r}")
+                raise AlreadyExists(f"row {_key_text(schema, mutation)} exists already in "
+                                    f"table {schema.name!r}")
             new = empty | encoded
         case "update":
             if current is None:
-                raise NotFound(f"row {key_text} does not exist in table {schema.name!r}")
+                raise NotFound(f"row {_key_text(schema, mutation)} does not exist in table "
+                               f"{schema.name!r}")
             new = empty | current | encoded
         case "replace":
             new = empty | encoded
         case "delete":
             if current is None:
-                raise NotFound(f"row {key_text} does not exist in table {schema.name!r}")
+                raise NotFound(f"row {_key_text(schema, mutation)} does not exist in table "
+                               f"{schema.name!r}")
             return None
         case _:
             raise InvalidArgument(f"unknown mutation kind {kind!r}; use one of {KINDS}")
-    absent = [c.name for c in schema.columns if c.not_null and new.get(c.name) is None]
+    absent = [name for name in shape.not_null if new.get(name) is None]
     if absent:
         raise NotNullViolation(
-            f"{mutation.kind} on {schema.name!r} row {key_text} leaves NOT NULL columns "
+            f"{mutation.kind} on {schema.name!r} row {_key_text(schema, mutation)} leaves "
+            "NOT NULL columns "
             f"{absent} NULL"
         )
     return new
+
+
+def _key_text(schema: TableSchema, mutation: Mutation) -> dict[str, Any]:
+    return {k: mutation.values[k] for k in schema.primary_key}

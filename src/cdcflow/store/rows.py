@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+import orjson
 
 from cdcflow.model.schema import TableSchema
 from cdcflow.model.types import decode_value
@@ -37,6 +39,27 @@ def latest_version(
     return result
 
 
+KEYS_PER_READ = 500
+"""Keys looked up by one statement (far under SQLite's bound on parameters)."""
+
+
+def latest_versions(
+    conn: sqlite3.Connection, storage: str, encoded_keys: list[str]
+) -> dict[str, dict[str, Any] | None]:
+    """The newest JSON-encoded row of each key (None: absent or deleted), a statement per
+    `KEYS_PER_READ` keys. SQLite gives the bare columns of the row holding the MAX."""
+    found: dict[str, dict[str, Any] | None] = dict.fromkeys(encoded_keys)
+    for start in range(0, len(encoded_keys), KEYS_PER_READ):
+        chunk = encoded_keys[start:start + KEYS_PER_READ]
+        marks = ",".join("?" * len(chunk))
+        for key, deleted, row, _ in conn.execute(
+            f"SELECT key, deleted, row, MAX(commit_micros) FROM {storage} "
+            f"WHERE key IN ({marks}) GROUP BY key", chunk
+        ):
+            found[key] = None if deleted else json.loads(row)
+    return found
+
+
 def scan_versions(
     conn: sqlite3.Connection,
     storage: str,
@@ -45,6 +68,8 @@ def scan_versions(
     hash_end: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Live JSON-encoded rows as of `at_micros` whose key hash lies in [hash_start, hash_end)."""
+    if hash_end is not None and hash_end <= hash_start:
+        return
     upper = "AND key_hash < ?" if hash_end is not None else ""
     params: list[int] = [at_micros, hash_start] + ([hash_end] if hash_end is not None else [])
     cursor = conn.execute(
@@ -57,18 +82,32 @@ def scan_versions(
             yield json.loads(row)
 
 
-def write_version(
-    conn: sqlite3.Connection,
-    storage: str,
-    encoded_key: str,
-    micros: int,
-    key_hash: int,
-    row: dict[str, Any] | None,
-) -> None:
-    conn.execute(
+VersionRow = tuple[str, int, int, int, str | None]
+"""(encoded key, commit micros, key hash, deleted, JSON row): one row of a storage table."""
+
+
+def version_row(
+    encoded_key: str, micros: int, key_hash: int, row: dict[str, Any] | None
+) -> VersionRow:
+    return (encoded_key, micros, key_hash, int(row is None),
+            None if row is None else encode_row(row))
+
+
+def write_versions(conn: sqlite3.Connection, storage: str, rows: Iterable[VersionRow]) -> None:
+    conn.executemany(
         f"INSERT INTO {storage}(key, commit_micros, key_hash, deleted, row) VALUES (?,?,?,?,?)",
-        (encoded_key, micros, key_hash, int(row is None), None if row is None else json.dumps(row)),
+        rows,
     )
+
+
+def encode_row(row: dict[str, Any]) -> str:
+    """A row's JSON text. orjson takes every encoded value but an integer beyond 64 bits,
+    which only a JSON column can hold; the standard encoder writes that one. Rows are read
+    back with `json.loads`, which keeps such integers exact (orjson's would not)."""
+    try:
+        return orjson.dumps(row).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(row)
 
 
 def decode_row(schema: TableSchema, encoded: dict[str, Any]) -> dict[str, Any]:
