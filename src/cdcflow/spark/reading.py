@@ -76,7 +76,9 @@ def _bodies(piece: ChangeSlice) -> Iterator[tuple[str, dict[str, Any]]]:
     )
 
 
-def _batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+def _batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
+    """Rows (tuples in schema order) as one record batch; transposed by `zip`, in C."""
+    columns = zip(*rows, strict=True)
     return pa.RecordBatch.from_arrays(
         [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
     )
@@ -99,36 +101,38 @@ def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
         yield from _read_raw(piece)
         return
     schema = arrow_of(CHANGE_COLUMNS)
-
-    def encode(value: Any) -> str:
-        return orjson.dumps(value).decode()
-
-    columns: list[list[Any]] = [[] for _ in CHANGE_COLUMNS]
+    rows: list[tuple[Any, ...]] = []
     for kind, record in _bodies(piece):
         if kind != "data":
             continue
-        column_types = encode(record["column_types"])
-        stamp = parse_timestamp(record["commit_timestamp"])
-        read_method, source_stamp, source_fields = _source_columns(record, stamp)
-        for index, mod in enumerate(record["mods"]):
-            position = mod.get("position")
-            values = (
-                stamp, record["server_transaction_id"], record["record_sequence"], index,
-                record["table_name"], record["mod_type"], record["value_capture_type"],
-                record["number_of_records_in_transaction"],
-                record["number_of_partitions_in_transaction"],
-                record["is_last_record_in_transaction_in_partition"], piece.token,
-                encode(mod["keys"]), encode(mod["new_values"]), encode(mod["old_values"]),
-                column_types, read_method, source_stamp,
-                encode(source_fields | position if position else source_fields),
-            )
-            for column, value in zip(columns, values, strict=True):
-                column.append(value)
-        if len(columns[0]) >= _BATCH_ROWS:
-            yield _batch(columns, schema)
-            columns = [[] for _ in CHANGE_COLUMNS]
-    if columns[0]:
-        yield _batch(columns, schema)
+        rows.extend(_mod_rows(record, piece.token))
+        if len(rows) >= _BATCH_ROWS:
+            yield _batch(rows, schema)
+            rows = []
+    if rows:
+        yield _batch(rows, schema)
+
+
+def _encode(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _mod_rows(record: dict[str, Any], token: str) -> Iterator[tuple[Any, ...]]:
+    """A data record's rows in `CHANGE_COLUMNS` order: the record's values, once per mod."""
+    stamp = parse_timestamp(record["commit_timestamp"])
+    read_method, source_stamp, source_fields = _source_columns(record, stamp)
+    first = (stamp, record["server_transaction_id"], record["record_sequence"])
+    shared = (record["table_name"], record["mod_type"], record["value_capture_type"],
+              record["number_of_records_in_transaction"],
+              record["number_of_partitions_in_transaction"],
+              record["is_last_record_in_transaction_in_partition"], token)
+    column_types = _encode(record["column_types"])
+    source_text = _encode(source_fields)
+    for index, mod in enumerate(record["mods"]):
+        position = mod.get("position")
+        yield (*first, index, *shared, _encode(mod["keys"]), _encode(mod["new_values"]),
+               _encode(mod["old_values"]), column_types, read_method, source_stamp,
+               _encode(source_fields | position) if position else source_text)
 
 
 def _read_raw(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
