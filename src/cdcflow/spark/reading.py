@@ -4,9 +4,8 @@ table snapshot. Stateless: every call opens its own database connection (executo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import orjson
@@ -66,32 +65,39 @@ def change_slices(options: SourceOptions, partitions: list[PartitionMetadata], a
     return out
 
 
-def _bodies(piece: ChangeSlice) -> Iterator[tuple[str, dict[str, Any]]]:
+def _bodies(piece: ChangeSlice) -> Iterator[tuple[str, int, dict[str, Any]]]:
     database = open_log(piece.database)
     until = piece.until
     if piece.raw and piece.partition_end is not None and piece.partition_end == until + 1:
         until = piece.partition_end
-    yield from database.read_log_bodies(
+    yield from database.read_log_entries(
         piece.stream, piece.token, from_micros(piece.after), from_micros(until)
     )
 
 
 def _batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
-    """Rows (tuples in schema order) as one record batch; transposed by `zip`, in C."""
+    """Rows (tuples in schema order) as one record batch; transposed by `zip`, in C.
+    Timestamps come as microseconds: an int64 array viewed as timestamps costs a tenth of
+    converting datetimes."""
     columns = zip(*rows, strict=True)
     return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+        [_array(c, f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
     )
 
 
-def _source_columns(record: dict[str, Any], stamp: datetime
-                    ) -> tuple[str, datetime, dict[str, Any]]:
-    """read_method, source_timestamp and the transaction's source fields of a log body; a
-    native commit's block is derived from the record."""
+def _array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
+    if pa.types.is_timestamp(kind):
+        return pa.array(values, type=pa.int64()).view(kind)
+    return pa.array(values, type=kind)
+
+
+def _source_columns(record: dict[str, Any], micros: int) -> tuple[str, int, dict[str, Any]]:
+    """read_method, source_timestamp (micros) and the transaction's source fields of a log
+    body; a native commit's block is derived from the record."""
     source = record.get("source")
     if source is None:
-        return EMBEDDED.cdc_method, stamp, {"tx_id": record["server_transaction_id"]}
-    return (source["read_method"], parse_timestamp(source["source_timestamp"]),
+        return EMBEDDED.cdc_method, micros, {"tx_id": record["server_transaction_id"]}
+    return (source["read_method"], to_micros(parse_timestamp(source["source_timestamp"])),
             {"tx_id": source["tx_id"], **source["position"]})
 
 
@@ -102,10 +108,10 @@ def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
         return
     schema = arrow_of(CHANGE_COLUMNS)
     rows: list[tuple[Any, ...]] = []
-    for kind, record in _bodies(piece):
+    for kind, micros, record in _bodies(piece):
         if kind != "data":
             continue
-        rows.extend(_mod_rows(record, piece.token))
+        rows.extend(_mod_rows(record, micros, piece.token))
         if len(rows) >= _BATCH_ROWS:
             yield _batch(rows, schema)
             rows = []
@@ -117,11 +123,10 @@ def _encode(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _mod_rows(record: dict[str, Any], token: str) -> Iterator[tuple[Any, ...]]:
+def _mod_rows(record: dict[str, Any], micros: int, token: str) -> Iterator[tuple[Any, ...]]:
     """A data record's rows in `CHANGE_COLUMNS` order: the record's values, once per mod."""
-    stamp = parse_timestamp(record["commit_timestamp"])
-    read_method, source_stamp, source_fields = _source_columns(record, stamp)
-    first = (stamp, record["server_transaction_id"], record["record_sequence"])
+    read_method, source_stamp, source_fields = _source_columns(record, micros)
+    first = (micros, record["server_transaction_id"], record["record_sequence"])
     shared = (record["table_name"], record["mod_type"], record["value_capture_type"],
               record["number_of_records_in_transaction"],
               record["number_of_partitions_in_transaction"],
@@ -137,7 +142,7 @@ def _mod_rows(record: dict[str, Any], token: str) -> Iterator[tuple[Any, ...]]:
 
 def _read_raw(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     rows: list[tuple[str, str, Any, str]] = []
-    for kind, record in _bodies(piece):
+    for kind, _, record in _bodies(piece):
         if kind == "data":
             rows.append((piece.token, "data_change_record",
                          parse_timestamp(record["commit_timestamp"]), json.dumps(record)))

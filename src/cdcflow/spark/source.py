@@ -228,15 +228,10 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         end = batch_end(partitions, fresh, safe)
         max_rows = self._max_rows(limit)
         if max_rows is not None:
-            counts = [
-                count
-                for token in fresh.frontier
-                for count in self.database.log_mod_counts(
-                    self.stream, token, from_micros(begin.timestamp), from_micros(end),
-                    max_rows + 1,
-                )
-            ]
-            end = admit(counts, begin.timestamp, end, max_rows)
+            bound, counts = self.database.log_admission_counts(
+                self.stream, list(fresh.frontier), from_micros(begin.timestamp),
+                from_micros(end), max_rows)
+            end = admit(counts, begin.timestamp, bound, max_rows)
         self.last = StreamOffset(end, frontier_at(partitions, end))
         return self.last.to_dict()
 

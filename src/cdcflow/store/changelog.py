@@ -66,9 +66,17 @@ class LogReader(Protocol):
         self, stream: str, token: str, after: datetime, until: datetime
     ) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
+    def read_log_entries(
+        self, stream: str, token: str, after: datetime, until: datetime
+    ) -> Iterator[tuple[str, int, dict[str, Any]]]: ...
+
     def log_mod_counts(
         self, stream: str, token: str, after: datetime, until: datetime, limit: int
     ) -> list[tuple[int, int]]: ...
+
+    def log_admission_counts(
+        self, stream: str, tokens: list[str], after: datetime, until: datetime, max_mods: int
+    ) -> tuple[int, list[tuple[int, int]]]: ...
 
 
 class ChangeLog(LogWriter, ShardApi):
@@ -240,6 +248,13 @@ class ChangeLog(LogWriter, ShardApi):
         """Records of one partition with after < commit_timestamp <= until as parsed dicts
         (the `to_dict()` shape), tagged "data" or "child". A bulk path for planned reads:
         `until` must not exceed `current_timestamp()`; the start must be inside retention."""
+        for kind, _, record in self.read_log_entries(stream, token, after, until):
+            yield kind, record
+
+    def read_log_entries(
+        self, stream: str, token: str, after: datetime, until: datetime
+    ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """`read_log_bodies` with each record's commit timestamp in microseconds."""
         start = to_micros(after) + 1
         earliest = to_micros(self.earliest_readable(stream))
         if start < earliest:
@@ -247,8 +262,9 @@ class ChangeLog(LogWriter, ShardApi):
                 f"start {format_rfc3339(start)} is outside the retention of change stream "
                 f"{stream!r}; the earliest valid timestamp is {format_rfc3339(earliest)}"
             )
-        for kind, body in scan_log(self._session(), stream, token, start - 1, to_micros(until)):
-            yield ("child" if kind == log.LOG_CHILD else "data"), orjson.loads(body)
+        for kind, micros, body in scan_log(self._session(), stream, token, start - 1,
+                                           to_micros(until)):
+            yield ("child" if kind == log.LOG_CHILD else "data"), micros, orjson.loads(body)
 
     def execute_sql(
         self,
@@ -288,6 +304,16 @@ class ChangeLog(LogWriter, ShardApi):
         with read_transaction(session.conn):
             return log.mod_counts(session.conn, stream, token, to_micros(after),
                                   to_micros(until), limit)
+
+    def log_admission_counts(
+        self, stream: str, tokens: list[str], after: datetime, until: datetime, max_mods: int
+    ) -> tuple[int, list[tuple[int, int]]]:
+        """A bound and the mods per commit up to it, for a batch of about `max_mods` mods
+        over partitions `tokens` (see `log.admission_counts`), in one snapshot."""
+        session = self._session()
+        with read_transaction(session.conn):
+            return log.admission_counts(session.conn, stream, tokens, to_micros(after),
+                                        to_micros(until), max_mods)
 
     # ---- partitions ---------------------------------------------------------------------
 

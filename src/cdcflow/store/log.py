@@ -209,6 +209,47 @@ def mod_counts(
     return [(int(m), int(n)) for m, n in rows]
 
 
+def admission_counts(
+    conn: sqlite3.Connection, stream: str, tokens: list[str], after: int, until: int,
+    max_mods: int,
+) -> tuple[int, list[tuple[int, int]]]:
+    """What admission control needs to end a batch after `after` at about `max_mods` mods:
+    a bound <= `until` by which the partitions hold more than `max_mods` mods (or `until`),
+    and the (commit micros, mods) per partition and commit in (after, bound].
+
+    Every data record holds a mod, and a partition has at most one other record (the
+    child-partitions record that ends it). So more than `max_mods` data records lie at or
+    before a partition's (max_mods + 2)-th record, and before the latest of every partition's
+    (ceil((max_mods + 1) / n) + 1)-th. Finding those reads only the primary-key index; the
+    counts then read about `max_mods` records, not `max_mods + 1` of every partition."""
+    share = -(-(max_mods + 1) // max(len(tokens), 1)) + 1
+    latest_share = after
+    bound = until
+    for token in tokens:
+        own = _nth_record_micros(conn, stream, token, after, bound, max_mods + 2)
+        bound = bound if own is None else own
+        at_share = _nth_record_micros(conn, stream, token, after, until, share)
+        latest_share = until if at_share is None else max(latest_share, at_share)
+    bound = min(bound, latest_share) if tokens else bound
+    counts: list[tuple[int, int]] = []
+    for token in tokens:
+        counts.extend(conn.execute(
+            "SELECT commit_micros, SUM(mods) FROM _log WHERE stream = ? AND token = ? "
+            "AND kind = ? AND commit_micros > ? AND commit_micros <= ? "
+            "GROUP BY commit_micros", (stream, token, LOG_DATA, after, bound)).fetchall())
+    return bound, counts
+
+
+def _nth_record_micros(conn: sqlite3.Connection, stream: str, token: str, after: int,
+                       until: int, nth: int) -> int | None:
+    """The commit micros of a partition's `nth` record in (after, until], of any kind."""
+    row = conn.execute(
+        "SELECT commit_micros FROM _log WHERE stream = ? AND token = ? "
+        "AND commit_micros > ? AND commit_micros <= ? ORDER BY commit_micros, seq "
+        "LIMIT 1 OFFSET ?", (stream, token, after, until, nth - 1)).fetchone()
+    return None if row is None else int(row[0])
+
+
 def expire_records(conn: sqlite3.Connection, stream: str, cutoff: int) -> int:
     """Delete the stream's records older than `cutoff`; return how many went. Each partition
     remembers the newest commit it lost (`expired_upto`), so a reader positioned before it

@@ -197,8 +197,9 @@ def _late_children(session: Session, args: QueryArgs) -> Iterator[ChangeRecord]:
 
 def scan_log(
     session: Session, stream: str, token: str, after_micros: int, until_micros: int
-) -> Iterator[tuple[int, str]]:
-    """(kind, JSON body) of a partition's log entries with after < commit <= until, in order.
+) -> Iterator[tuple[int, int, str]]:
+    """(kind, commit micros, JSON body) of a partition's log entries with
+    after < commit <= until, in order.
 
     For bulk readers (the Spark source) that have planned the range against the safe time
     themselves; the caller checks retention. `kind` is LOG_DATA or LOG_CHILD.
@@ -210,6 +211,6 @@ def scan_log(
                                      _BATCH * 5)
         for micros, seq, kind, body in rows:
             position = (micros, seq)
-            yield kind, body
+            yield kind, micros, body
         if len(rows) < _BATCH * 5:
             return
