@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from cdcflow.model.timestamps import from_micros
 from cdcflow.spark.offsets import StreamOffset
 from cdcflow.spark.options import SourceOptions
 from cdcflow.spark.reading import change_slices, read_changes
@@ -49,8 +50,10 @@ class DriverReader:
     options: SourceOptions
     limit: int
 
-    def read(self, batch_id: int) -> list[pa.RecordBatch] | None:
-        """The batch's mods (the columns of the frame), or None: let Spark read it."""
+    def read(self, batch_id: int) -> list[pa.RecordBatch] | int | None:
+        """The batch's mods (the columns of the frame); or how many mods it has when that
+        is more than `limit` (the executors' work, known without reading it); or None when
+        the offset log does not say (let Spark read it)."""
         if batch_id < 1 or self.limit < 1 or self.options.stream is None:
             return None
         begin = logged_offset(self.checkpoint, batch_id - 1)
@@ -61,12 +64,9 @@ class DriverReader:
             return []
         log = open_log(self.options.database)
         live = log.partitions(self.options.stream, ending_after=begin.timestamp + 1)
-        batches: list[pa.RecordBatch] = []
-        rows = 0
-        for piece in change_slices(self.options, live, begin.timestamp, end.timestamp):
-            for batch in read_changes(piece):
-                rows += batch.num_rows
-                if rows > self.limit:
-                    return None
-                batches.append(batch)
-        return batches
+        pieces = change_slices(self.options, live, begin.timestamp, end.timestamp)
+        total = sum(log.log_mod_total(piece.stream, piece.token, from_micros(piece.after),
+                                      from_micros(piece.until)) for piece in pieces)
+        if total > self.limit:
+            return total
+        return [batch for piece in pieces for batch in read_changes(piece)]

@@ -170,12 +170,13 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
     """Fold and write a batch; the descriptions of what was written. A small batch (at most
     `plan.driver_rows` mods) is done on the driver in one piece: every key's mods are in it
     (the fold orders them). It is read from the log by `driver` when it can, else by one
-    Spark read. A larger one is repartitioned by (table, keys) and done by the executors."""
+    Spark read. A larger one is repartitioned by (table, keys) and done by the executors;
+    the driver tells it is larger by counting its mods in the log, without reading it."""
     small = driver.read(batch_id) if driver is not None and plan.driver_rows > 0 else None
-    if small is None and plan.driver_rows > 0:
+    if small is None and plan.driver_rows > 0:  # not known from the log: ask Spark
         table = frame.limit(plan.driver_rows + 1).toArrow()
         small = table.to_batches() if table.num_rows <= plan.driver_rows else None
-    if small is not None:
+    if isinstance(small, list):
         return [row for batch in process_partition(
             plan, batch_id, iter(small), write_tables, write_events)
             for row in batch.to_pylist()]

@@ -85,6 +85,9 @@ def _link_spark_home(package: Path, cache: Path, home: Path) -> None:
 def _settings(verbose: bool, conf: dict[str, str]) -> dict[str, str]:
     settings = {
         "spark.sql.shuffle.partitions": "4",
+        # A batch's fold and writes run in the tasks after its shuffle by key; adaptive
+        # execution coalesced a batch's few megabytes into one task, so one core did them.
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.bindAddress": "127.0.0.1",

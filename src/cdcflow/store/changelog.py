@@ -78,6 +78,9 @@ class LogReader(Protocol):
         self, stream: str, tokens: list[str], after: datetime, until: datetime, max_mods: int
     ) -> tuple[int, list[tuple[int, int]]]: ...
 
+    def log_mod_total(self, stream: str, token: str, after: datetime, until: datetime
+                      ) -> int: ...
+
 
 class ChangeLog(LogWriter, ShardApi):
     """A change-log file; open it with `ChangeLog.open(path)`. Safe for many processes.
@@ -304,6 +307,14 @@ class ChangeLog(LogWriter, ShardApi):
         with read_transaction(session.conn):
             return log.mod_counts(session.conn, stream, token, to_micros(after),
                                   to_micros(until), limit)
+
+    def log_mod_total(self, stream: str, token: str, after: datetime, until: datetime
+                      ) -> int:
+        """The mods of a partition's data records with after < commit_timestamp <= until."""
+        session = self._session()
+        with read_transaction(session.conn):
+            return log.mod_total(session.conn, stream, token, to_micros(after),
+                                 to_micros(until))
 
     def log_admission_counts(
         self, stream: str, tokens: list[str], after: datetime, until: datetime, max_mods: int

@@ -209,6 +209,16 @@ def mod_counts(
     return [(int(m), int(n)) for m, n in rows]
 
 
+def mod_total(conn: sqlite3.Connection, stream: str, token: str, after: int,
+              until: int) -> int:
+    """The mods of a partition's data records in (after, until]."""
+    (total,) = conn.execute(
+        "SELECT COALESCE(SUM(mods), 0) FROM _log WHERE stream = ? AND token = ? AND kind = ? "
+        "AND commit_micros > ? AND commit_micros <= ?",
+        (stream, token, LOG_DATA, after, until)).fetchone()
+    return int(total)
+
+
 def admission_counts(
     conn: sqlite3.Connection, stream: str, tokens: list[str], after: int, until: int,
     max_mods: int,

@@ -9,6 +9,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from cdcflow.events.files import EventFileWriter, Rotation, read_json_events
@@ -200,6 +201,11 @@ def test_small_batches_on_the_driver_equal_batches_through_the_executors(spark,
     assert driver == executors
 
 
+def _parts(read: list[pa.RecordBatch] | int | None) -> list[pa.RecordBatch]:
+    assert isinstance(read, list), read
+    return read
+
+
 def test_the_driver_reads_each_batch_spark_planned(spark, tmp_path: Path):
     """Issue 11: from Spark's offset log the driver reads, for every batch after the first,
     exactly the mods between the batch's two offsets: with the first batch, each mod of the
@@ -219,7 +225,7 @@ def test_the_driver_reads_each_batch_spark_planned(spark, tmp_path: Path):
     first = logged_offset(checkpoint, 0)
     assert first is not None and len(batches) >= 3  # max_records=25 over 80 mods
     read = [(to_micros(r["commit_timestamp"].replace(tzinfo=UTC)), json.loads(r["keys"])["id"])
-            for b in batches[1:] for part in reader.read(b) or [] for r in part.to_pylist()]
+            for b in batches[1:] for part in _parts(reader.read(b)) for r in part.to_pylist()]
     everything = (spark.read.format("cdcflow").option("database", str(tmp_path / "pg.log"))
                   .option("stream", "changes").option("startingTimestamp", "earliest")
                   .option("endingTimestamp", log.current_timestamp().isoformat()).load()
@@ -228,7 +234,10 @@ def test_the_driver_reads_each_batch_spark_planned(spark, tmp_path: Path):
               for r in everything]
     assert len(logged) == 80
     assert sorted(read) == sorted(m for m in logged if m[0] > first.timestamp)
-    assert DriverReader(str(checkpoint), options, limit=3).read(batches[1]) is None  # too big
+    second = reader.read(batches[1])
+    assert isinstance(second, list) and sum(part.num_rows for part in second) > 3
+    too_big = DriverReader(str(checkpoint), options, limit=3).read(batches[1])
+    assert too_big == sum(part.num_rows for part in second)  # counted in the log, not read
 
 
 def test_a_table_without_changes_in_a_batch_gets_no_commit_and_replays_stay_once(
