@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import tempfile
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,10 @@ from hypothesis import strategies as st
 
 from cdcflow import FakeClock, PartitionPolicy
 from cdcflow.errors import InvalidArgument
+from cdcflow.events import files as files_module
+from cdcflow.model import events as events_module
 from cdcflow.model.changes import SourceChange, SourceTransaction
+from cdcflow.model.events import change_uuid
 from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.schema import ChangeStreamDef
@@ -173,3 +177,22 @@ def test_an_identity_memo_computes_once_per_object_and_never_confuses_equal_ones
     for n in range(5):  # past its size it forgets, and still answers right
         assert memo(tuple(range(n))) == sum(range(n))
     assert memo(first) == 3
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=20), st.lists(st.text(max_size=12) | st.integers(), max_size=5))
+def test_an_event_uuid_is_the_standard_uuid5_of_its_position(stream: str, position: list):
+    """EV-8: the uuid, built from the digest by hand, is exactly RFC 4122's version 5."""
+    name = "/".join([stream, *map(str, position)])
+    assert change_uuid(stream, *position) == str(uuid.uuid5(events_module._NAMESPACE, name))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.datetimes(timezones=st.just(UTC)))
+def test_remembered_timestamp_texts_equal_fresh_ones(when: datetime):
+    """Event times and folders are formatted once per distinct time (lru_cache): the texts
+    are those of formatting anew."""
+    fresh = when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + \
+        f"{when.microsecond // 1000:03d}Z"
+    assert events_module._millis_text(when) == fresh
+    assert files_module._minute_folder(when) == when.strftime("%Y/%m/%d/%H/%M")

@@ -12,12 +12,14 @@ of one file span at most `max_seconds` of source time; the minute folders rotate
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +119,7 @@ class EventFileWriter:
     def _groups(self, events: Iterable[Event]) -> dict[tuple[str, str], list[Event]]:
         groups: dict[tuple[str, str], list[Event]] = defaultdict(list)
         for event in events:
-            minute = event.source_timestamp.strftime("%Y/%m/%d/%H/%M")
-            groups[(event.object, minute)].append(event)
+            groups[(event.object, _minute_folder(event.source_timestamp))].append(event)
         return groups
 
     def _rotate(self, events: list[Event]) -> list[list[tuple[Event, bytes]]]:
@@ -147,6 +148,12 @@ class EventFileWriter:
         buffer = io.BytesIO()
         write_avro(buffer, [event for event, _ in chunk])
         return buffer.getvalue()
+
+
+@functools.lru_cache(maxsize=4096)
+def _minute_folder(when: datetime) -> str:
+    """The folder of an event's minute (the events of a transaction share their time)."""
+    return when.strftime("%Y/%m/%d/%H/%M")
 
 
 def json_line(event: Event) -> bytes:

@@ -38,6 +38,7 @@ from cdcflow.model.types import encode_value
 EMBEDDED_CDC: Final = EMBEDDED.cdc_method
 EMBEDDED_BACKFILL: Final = EMBEDDED.backfill_method
 _NAMESPACE: Final = uuid.UUID("6c1d3a52-4f7e-4a7e-9b7c-3c2f6f2d9a10")
+_NAMESPACE_BYTES: Final = _NAMESPACE.bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,10 @@ class Event:
         }
 
 
+@lru_cache(maxsize=4096)
 def _millis_text(when: datetime) -> str:
+    """Every event of a batch shares its read time, and those of a transaction their source
+    time: each is formatted once."""
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
@@ -109,7 +113,13 @@ def _column_types(text: str) -> tuple[ColumnTypeInfo, ...]:
 
 
 def change_uuid(stream_name: str, *position: str | int) -> str:
-    return str(uuid.uuid5(_NAMESPACE, "/".join([stream_name, *map(str, position)])))
+    """`uuid.uuid5(_NAMESPACE, name)` as text, built from the SHA-1 digest directly (a
+    third of the time: no UUID object, no integer formatting)."""
+    name = "/".join([stream_name, *map(str, position)])
+    digest = hashlib.sha1(_NAMESPACE_BYTES + name.encode()).hexdigest()
+    variant = "89ab"[int(digest[16], 16) & 3]  # RFC 4122: the top bits of byte 8 are 10
+    return (f"{digest[:8]}-{digest[8:12]}-5{digest[13:16]}-{variant}{digest[17:20]}-"
+            f"{digest[20:32]}")
 
 
 @dataclass(frozen=True, slots=True)
