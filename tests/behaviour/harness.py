@@ -190,12 +190,22 @@ def _pg_connect(dsn: str, password: str) -> Any:
 
 def postgres_writer(dsn: str, password: str, seed: int, transactions: int,
                     first_journal_id: int) -> None:
+    from psycopg2 import errors
+
     rng = random.Random(seed)
     conn = _pg_connect(dsn, password)
     for number in range(transactions):
-        with conn, conn.cursor() as cur:
-            for query, params in _pg_statements(random_ops(rng, first_journal_id + number)):
-                cur.execute(query, params)
+        statements = _pg_statements(random_ops(rng, first_journal_id + number))
+        for _attempt in range(20):  # two writers over 60 keys in random order can deadlock:
+            try:                    # PostgreSQL aborts one, which retries, as an app would
+                with conn, conn.cursor() as cur:
+                    for query, params in statements:
+                        cur.execute(query, params)
+                break
+            except errors.DeadlockDetected:
+                continue
+        else:
+            raise RuntimeError(f"transaction {number} deadlocked 20 times")
     conn.close()
 
 
