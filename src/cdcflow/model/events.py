@@ -14,15 +14,17 @@ change carries the same uuid and a destination drops duplicates by it (EV-7).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Final
 
+from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord
 from cdcflow.model.source import (
     EMBEDDED,
@@ -74,8 +76,8 @@ class Event:
             "source_timestamp": _millis_text(self.source_timestamp),
             "sort_keys": list(self.sort_keys),
             "source_metadata": self.source_metadata,
-            "payload": {c.name: _json_value(self.payload.get(c.name), c)
-                        for c in self.column_types},
+            "payload": {name: encode(self.payload.get(name))
+                        for name, encode in _payload_encoders(self.column_types)},
         }
 
 
@@ -84,6 +86,35 @@ def _millis_text(when: datetime) -> str:
     """Every event of a batch shares its read time, and those of a transaction their source
     time: each is formatted once."""
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def _int_text(value: Any) -> Any:
+    return None if value is None else str(value)
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _encoder_of(column: ColumnTypeInfo) -> Callable[[Any], Any]:
+    """`_json_value` for one column, with the common types' answer worked out once."""
+    code = column.type.code
+    if code == "INT64":
+        return _int_text
+    if code in ("STRING", "BOOL"):
+        return _as_is
+    return functools.partial(_json_value, column=column)
+
+
+def _encoders_of(types: tuple[ColumnTypeInfo, ...]
+                 ) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    return tuple((c.name, _encoder_of(c)) for c in types)
+
+
+_payload_encoders: IdentityMemo[tuple[ColumnTypeInfo, ...],
+                                tuple[tuple[str, Callable[[Any], Any]], ...]] = IdentityMemo(
+    _encoders_of, size=256)
+"""Per column-types tuple (one per table and schema, shared by its events)."""
 
 
 def _json_value(value: Any, column: ColumnTypeInfo) -> Any:

@@ -138,8 +138,10 @@ def _moved_from(mod: dict[str, Any]) -> dict[str, Any] | None:
     lacks columns (values the source did not send again, as PostgreSQL's unchanged TOAST)."""
     if mod["mod_type"] != "INSERT" or mod["value_capture_type"] in _FULL_ROW:
         return None
-    moved: dict[str, Any] | None = json.loads(mod.get("source_metadata") or "{}").get(
-        "moved_from")
+    text = mod.get("source_metadata") or "{}"
+    if '"moved_from"' not in text:  # most inserts: no need to parse the block
+        return None
+    moved: dict[str, Any] | None = json.loads(text).get("moved_from")
     return moved
 
 
