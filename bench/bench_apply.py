@@ -1,10 +1,15 @@
-"""CDC table apply cost (issue 4).
+"""CDC table apply cost (issue 4; issue 11, goal 5: apply cost follows the changes).
 
 Usage: python bench/bench_apply.py [--changes 100000] [--sizes 1000000 10000000]
+                                   [--layouts rewrite deletion_vectors] [--skip-baselines]
 Expected output:
   * apply time of the same-shaped change set into baselines of each size, and the ratio
     largest/smallest, for a CDC-like change set (new keys, updates and deletes of recent keys)
-    and for uniformly random keys (the worst case of a range layout);
+    and for uniformly random keys (the worst case of a range layout), per layout: ranges
+    rewritten ("rewrite", the default) or merge-on-read ("deletion_vectors"); aims: CDC-like
+    <= 1.5, random <= 2;
+  * per layout, the time to read the whole table after the random-key apply, and its ratio to
+    reading the rewritten table of the same size, measured in the same run;
   * the same change set through a hand-written delta-rs DeltaTable.merge with manual dedup;
   * a runtime-merge read against a stale (baseline) read.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import tempfile
 import time
 from datetime import timedelta
@@ -54,13 +60,47 @@ def change_set(size: int, count: int, random_keys: bool, seed: int = 7) -> pa.Ta
                      "_CHANGE_SEQUENCE_NUMBER": [f"{n + 1:x}" for n in range(count)]})
 
 
-def time_apply(folder: Path, size: int, changes: pa.Table) -> tuple[float, dict]:
-    table = CdcTable.create(folder / f"cdc-{size}-{time.time_ns()}", SCHEMA, ["id"])
+def time_apply(folder: Path, size: int, changes: pa.Table,
+               layout: str = "rewrite") -> tuple[float, dict, CdcTable]:
+    table = CdcTable.create(folder / f"cdc-{size}-{time.time_ns()}", SCHEMA, ["id"],
+                            max_staleness=timedelta(hours=1),
+                            deletion_vectors=layout == "deletion_vectors")
     table.bulk_load(baseline(size))
     table.connection().append(changes)
     began = time.perf_counter()
     stats = table.apply()
-    return time.perf_counter() - began, stats
+    return time.perf_counter() - began, stats, table
+
+
+def time_read(table: CdcTable) -> float:
+    """The whole table as of its last apply (within max_staleness: no runtime merge)."""
+    began = time.perf_counter()
+    rows = table.to_arrow().num_rows
+    seconds = time.perf_counter() - began
+    assert rows > 0
+    return seconds
+
+
+def apply_scaling(folder: Path, sizes: list[int], count: int, layout: str) -> dict[int, float]:
+    """Apply times per size, both change sets; returns the random-key read time per size."""
+    reads: dict[int, float] = {}
+    for random_keys in (False, True):
+        label = "uniformly random keys" if random_keys else "CDC-like (recent keys)"
+        times = []
+        for size in sizes:
+            seconds, stats, table = time_apply(folder, size, change_set(size, count, random_keys),
+                                               layout)
+            times.append(seconds)
+            print(f"[{layout}] apply {count:,} changes, {label}, baseline {size:,} rows: "
+                  f"{seconds:.2f} s ({stats['files_rewritten']} files rewritten, "
+                  f"{stats.get('files_patched', 0)} patched)", flush=True)
+            if random_keys:
+                reads[size] = time_read(table)
+            shutil.rmtree(table.root)
+        aim = 2.0 if random_keys else 1.5
+        print(f"  [{layout}] {label}: ratio {sizes[-1]:,} / {sizes[0]:,}: "
+              f"{times[-1] / times[0]:.2f} (aim <= {aim})", flush=True)
+    return reads
 
 
 def time_delta_merge(folder: Path, size: int, changes: pa.Table) -> float:
@@ -104,31 +144,35 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--changes", type=int, default=100_000)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--layouts", nargs="+", default=["rewrite", "deletion_vectors"])
+    parser.add_argument("--skip-baselines", action="store_true",
+                        help="skip the delta-rs merge and runtime-merge comparisons")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        for random_keys in (False, True):
-            label = "uniformly random keys" if random_keys else "CDC-like (recent keys)"
-            times = []
-            for size in args.sizes:
-                seconds, stats = time_apply(folder, size, change_set(size, args.changes,
-                                                                     random_keys))
-                times.append(seconds)
-                print(f"apply {args.changes:,} changes, {label}, baseline {size:,} rows: "
-                      f"{seconds:.2f} s ({stats['files_rewritten']} files rewritten)")
-            print(f"  ratio {args.sizes[-1]:,} / {args.sizes[0]:,}: {times[-1] / times[0]:.2f}"
-                  " (aim <= 1.5)")
-        size = args.sizes[0]
-        for random_keys in (False, True):
-            changes = change_set(size, args.changes, random_keys)
-            ours, _ = time_apply(folder, size, changes)
-            theirs = time_delta_merge(folder, size, changes)
-            label = "random keys" if random_keys else "CDC-like"
-            print(f"vs delta-rs merge + manual dedup, {label}, {size:,} rows: cdcflow "
-                  f"{ours:.2f} s, delta-rs {theirs:.2f} s, ratio {ours / theirs:.2f}")
-        stale, merged = time_reads(folder, size, change_set(size, args.changes, False))
-        print(f"read {size:,} rows: stale {stale:.2f} s, runtime merge {merged:.2f} s, "
-              f"ratio {merged / stale:.2f}")
+        reads = {layout: apply_scaling(folder, args.sizes, args.changes, layout)
+                 for layout in args.layouts}
+        for layout, by_size in reads.items():
+            for size, seconds in by_size.items():
+                base = reads.get("rewrite", {}).get(size)
+                ratio = f", ratio to rewrite {seconds / base:.2f}" if base else ""
+                print(f"[{layout}] read {size:,} rows after the random-key apply: "
+                      f"{seconds:.2f} s{ratio}")
+        if not args.skip_baselines:
+            compare_baselines(folder, args.sizes[0], args.changes)
+
+
+def compare_baselines(folder: Path, size: int, count: int) -> None:
+    for random_keys in (False, True):
+        changes = change_set(size, count, random_keys)
+        ours, _, _ = time_apply(folder, size, changes)
+        theirs = time_delta_merge(folder, size, changes)
+        label = "random keys" if random_keys else "CDC-like"
+        print(f"vs delta-rs merge + manual dedup, {label}, {size:,} rows: cdcflow "
+              f"{ours:.2f} s, delta-rs {theirs:.2f} s, ratio {ours / theirs:.2f}")
+    stale, merged = time_reads(folder, size, change_set(size, count, False))
+    print(f"read {size:,} rows: stale {stale:.2f} s, runtime merge {merged:.2f} s, "
+          f"ratio {merged / stale:.2f}")
 
 
 if __name__ == "__main__":

@@ -45,3 +45,7 @@ class FailedPrecondition(CdcflowError):
 
 class Unavailable(CdcflowError):
     """A server cannot be reached or answered with a transient failure; a retry may succeed."""
+
+
+class DataLoss(CdcflowError):
+    """Stored data is damaged or missing: a checksum or a size does not match."""

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 from cdcflow.clock import Clock
 from cdcflow.model.timestamps import to_micros
+from cdcflow.table.deletion_vectors import write_vector
+from cdcflow.table.delta_log import FileAction, commit, upgrade_actions
 from cdcflow.table.layout import (
     MANIFEST,
     FileEntry,
@@ -36,6 +39,7 @@ from cdcflow.table.layout import (
     read_file,
     read_manifest,
     write_file,
+    write_patch,
 )
 from cdcflow.table.merge import (
     assign_slices,
@@ -46,9 +50,11 @@ from cdcflow.table.merge import (
     state_schema,
     winners,
 )
+from cdcflow.table.patching import RangePatch, patch_range, patchable
 from cdcflow.table.pending import pending_path, pending_schema
 
 JOB = "cdcflow.job"
+CHECKPOINT_INTERVAL = 100
 
 
 def epoch_seconds(clock: Clock) -> float:
@@ -57,13 +63,16 @@ def epoch_seconds(clock: Clock) -> float:
 
 @dataclass(slots=True)
 class ApplyPlan:
-    """The merged ranges an apply would write: file index -> (data, state)."""
+    """The ranges an apply would write: file index -> merged (data, state) to rewrite, or
+    file index -> a patch (merge_on_read)."""
 
     manifest: Manifest
     pending_files: list[tuple[str, int]]
     changes: int
     touched: dict[int, tuple[pa.Table, pa.Table]] = field(default_factory=dict)
+    patched: dict[int, RangePatch] = field(default_factory=dict)
     applied: int = 0
+    merge_on_read: bool = False
 
 
 def _pending_files(root: Path) -> list[tuple[str, int]]:
@@ -97,6 +106,19 @@ class PendingFileCache:
                     self._rows -= self._tables.popitem(last=False)[1].num_rows
         return table
 
+    def keep_only(self, folder: str, paths: set[str]) -> None:
+        """Forget the files of `folder` not in `paths`: once applied, a pending file is
+        never read again, so keeping it would only hold memory until the LRU bound."""
+        prefix = os.path.join(folder, "")
+        with self._lock:
+            gone = [key for key in self._tables
+                    if key[0].startswith(prefix) and key[0] not in paths]
+            for key in gone:
+                self._rows -= self._tables.pop(key).num_rows
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
 
 PENDING_FILES = PendingFileCache()
 
@@ -105,14 +127,18 @@ def load_changes(root: Path, files: list[str], schema: pa.Schema) -> pa.Table:
     """The pending rows of `files` as one table in the pending schema."""
     target = pending_schema(schema)
     folder = Path(pending_path(root)).resolve()
-    tables = [PENDING_FILES.rows(str(folder / name), target) for name in files]
+    paths = [str(folder / name) for name in files]
+    PENDING_FILES.keep_only(str(folder), set(paths))
+    tables = [PENDING_FILES.rows(path, target) for path in paths]
     return pa.concat_tables(tables) if tables else target.empty_table()
 
 
 def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...], now_micros: int,
-               retention_micros: int, only_keys: pa.Array | None = None) -> ApplyPlan:
+               retention_micros: int, only_keys: pa.Array | None = None,
+               merge_on_read: bool = False) -> ApplyPlan:
     """Merge the unapplied pending changes (optionally only those of some keys) into the
-    ranges they touch, in memory."""
+    ranges they touch, in memory. With merge_on_read, ranges that take the changes as a
+    patch (`patchable`) get one instead of a rewrite."""
     # Pending files first: an apply commits its manifest before it drops the files it
     # applied, so a file missing from this list is in the manifest read after it.
     pending = _pending_files(root)
@@ -122,9 +148,15 @@ def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...], now_
     if only_keys is not None:
         changes = changes.filter(pc.is_in(key_array(changes, primary_key), value_set=only_keys))
     best = winners(changes, primary_key)
-    result = ApplyPlan(manifest, pending, best.num_rows)
+    result = ApplyPlan(manifest, pending, best.num_rows, merge_on_read=merge_on_read)
     slices = assign_slices([f.low for f in manifest.files], key_tuples(best, primary_key))
     for index, (begin, finish) in slices.items():
+        if merge_on_read and manifest.files and patchable(manifest.files[index], finish - begin):
+            patch = patch_range(root, manifest.files[index], best.slice(begin, finish - begin),
+                                schema, primary_key, now_micros, retention_micros)
+            result.patched[index] = patch
+            result.applied += patch.applied
+            continue
         if manifest.files:
             data, state = read_file(root, manifest.files[index], schema, primary_key)
         else:
@@ -151,39 +183,73 @@ def apply_lock(root: Path) -> Iterator[None]:
 
 def commit_apply(root: Path, plan: ApplyPlan, primary_key: tuple[str, ...], target_rows: int,
                  watermark: int, started: float, clock: Clock) -> dict[str, Any]:
-    """Write the touched ranges anew and commit them with the manifest in one Delta commit."""
+    """Write the touched ranges anew (or their patches) and commit them with the manifest in
+    one Delta commit."""
     manifest = plan.manifest
-    entries: list[FileEntry] = [f for i, f in enumerate(manifest.files) if i not in plan.touched]
-    now_ms = to_micros(clock.now()) // 1000
-    actions: list[AddAction | RemoveAction] = []
+    changed = set(plan.touched) | set(plan.patched)
+    entries = [f for i, f in enumerate(manifest.files) if i not in changed]
+    removed: list[FileAction] = []
+    added: list[FileAction] = []
     for index, (data, state) in plan.touched.items():
         if manifest.files:
-            old = manifest.files[index]
-            actions.append(RemoveAction(old.data, True, now_ms, old.size, {}))
+            removed += file_actions(manifest.files[index])
         for piece_data, piece_state in split(data, state, primary_key, target_rows):
-            if not piece_state.num_rows:
-                continue
-            entry = write_file(root, piece_data, piece_state, primary_key, clock)
-            entries.append(entry)
-            actions.append(AddAction(entry.data, entry.size, {}, now_ms, True,
-                                     json.dumps({"numRecords": entry.rows})))
+            if piece_state.num_rows:
+                entries.append(write_file(root, piece_data, piece_state, primary_key, clock))
+                added += file_actions(entries[-1])
+    for index, patch in plan.patched.items():
+        removed += file_actions(manifest.files[index])
+        entries.append(_patched_entry(root, manifest.files[index], patch, clock))
+        added += file_actions(entries[-1])
     entries.sort(key=lambda e: e.low)
     stats = {
         "started": started, "ended": epoch_seconds(clock), "changes": plan.changes,
         "applied": plan.applied, "files_rewritten": len(plan.touched),
-        "rows": sum(e.rows for e in entries), "watermark": watermark,
+        "files_patched": len(plan.patched), "rows": sum(e.live_rows for e in entries),
+        "watermark": watermark,
     }
     stats["duration_seconds"] = stats["ended"] - started
     new_manifest = Manifest(tuple(entries), frozenset(p for p, _ in plan.pending_files),
                             watermark, manifest.version + 1)
-    table = DeltaTable(str(root))
-    table.create_write_transaction(
-        actions, mode="append", schema=table.schema(),
-        commit_properties=CommitProperties(custom_metadata={
-            MANIFEST: new_manifest.to_json(), JOB: json.dumps(stats)}),
-    )
-    _drop_applied_pending(root, plan.pending_files, now_ms)
+    metadata = {MANIFEST: new_manifest.to_json(), JOB: json.dumps(stats)}
+    _commit(root, removed, added, metadata, plan.merge_on_read or bool(plan.patched),
+            to_micros(clock.now()) // 1000)
+    _drop_applied_pending(root, plan.pending_files, to_micros(clock.now()) // 1000)
     return stats
+
+
+def file_actions(entry: FileEntry) -> list[FileAction]:
+    """The Delta data files of a range: its base (with its vector) and its patch's rows."""
+    actions = [FileAction(entry.data, entry.size, entry.rows, entry.vector)]
+    if entry.patch is not None and entry.patch.rows:
+        actions.append(FileAction(entry.patch.data, entry.patch.size, entry.patch.rows))
+    return actions
+
+
+def _patched_entry(root: Path, old: FileEntry, patch: RangePatch, clock: Clock) -> FileEntry:
+    vector = write_vector(root, patch.hidden) if len(patch.hidden) else None
+    written = write_patch(root, patch.data, patch.state, clock)
+    return replace(old, vector=vector, patch=written)
+
+
+def _commit(root: Path, removed: list[FileAction], added: list[FileAction],
+            metadata: dict[str, str], merge_on_read: bool, now_ms: int) -> None:
+    """One Delta commit; written by cdcflow itself when vectors are involved."""
+    table = DeltaTable(str(root))
+    if merge_on_read or any(a.vector for a in removed + added):
+        upgrade = upgrade_actions(table) if any(a.vector for a in added) else []
+        actions = upgrade + [a.remove(now_ms) for a in removed] + [a.add(now_ms) for a in added]
+        if commit(root, table, actions, metadata, now_ms) % CHECKPOINT_INTERVAL == 0:
+            DeltaTable(str(root)).create_checkpoint()  # as delta-rs does after its commits
+        return
+    delta_actions: list[AddAction | RemoveAction] = [
+        RemoveAction(a.path, True, now_ms, a.size, {}) for a in removed]
+    delta_actions += [AddAction(a.path, a.size, {}, now_ms, True,
+                                json.dumps({"numRecords": a.rows})) for a in added]
+    table.create_write_transaction(
+        delta_actions, mode="append", schema=table.schema(),
+        commit_properties=CommitProperties(custom_metadata=metadata),
+    )
 
 
 def _drop_applied_pending(root: Path, files: list[tuple[str, int]], now_ms: int) -> None:

@@ -33,7 +33,8 @@ from cdcflow.table.apply import (
     plan_apply,
 )
 from cdcflow.table.arrow_types import check_schema, schema_from_ddl
-from cdcflow.table.layout import conform, read_file, read_manifest
+from cdcflow.table.delta_log import supports_vectors
+from cdcflow.table.layout import conform, read_data, read_file, read_manifest
 from cdcflow.table.merge import key_array
 from cdcflow.table.metadata import TableOptions, load_options, save_options
 
@@ -57,6 +58,7 @@ class CdcTable:
         delete_retention: timedelta = timedelta(days=2),
         target_file_rows: int = 250_000,
         clock: Clock | None = None,
+        deletion_vectors: bool = False,
     ) -> CdcTable:
         root = Path(path)
         arrow = schema_from_ddl(schema) if isinstance(schema, str) else schema
@@ -64,7 +66,8 @@ class CdcTable:
         if DeltaTable.is_deltatable(str(root)):
             raise AlreadyExists(f"a table exists already at {root}")
         options = TableOptions(tuple(primary_key), None, 0.0, target_file_rows).altered(
-            max_staleness=max_staleness, delete_retention=delete_retention)
+            max_staleness=max_staleness, delete_retention=delete_retention,
+            deletion_vectors=deletion_vectors)
         DeltaTable.create(str(root), arrow)
         pending.create_pending(root, arrow)
         save_options(root, options)
@@ -137,7 +140,9 @@ class CdcTable:
         with apply_lock(self.root):
             started = epoch_seconds(self.clock)
             watermark = to_micros(self.clock.now())
-            plan = self._plan(watermark)
+            self._options = load_options(self.root)
+            plan = plan_apply(self.root, self.schema, self.primary_key, watermark,
+                              self._retention(), merge_on_read=self._options.deletion_vectors)
             return commit_apply(self.root, plan, self.primary_key,
                                 self._options.target_file_rows, watermark, started, self.clock)
 
@@ -200,15 +205,24 @@ class CdcTable:
         never appear (AP-10)."""
         self._options = load_options(self.root)
         if self.is_within_staleness() or not self.has_pending_changes():
-            return DeltaTable(str(self.root)).to_pyarrow_table()
+            return self._baseline()
         return self._merged(self._plan(to_micros(self.clock.now())))
+
+    def _baseline(self) -> pa.Table:
+        """The applied rows. Ranges with a deletion vector are read through the manifest:
+        deltalake's pyarrow reader refuses tables that have them."""
+        table = DeltaTable(str(self.root))
+        if not supports_vectors(table):
+            return table.to_pyarrow_table()
+        return self._merged(ApplyPlan(read_manifest(table), [], 0))
 
     def _merged(self, plan: ApplyPlan) -> pa.Table:
         schema = self.schema
-        parts = [pq.read_table(self.root / f.data) for i, f in enumerate(plan.manifest.files)
+        parts = [read_data(self.root, f, schema) for i, f in enumerate(plan.manifest.files)
                  if i not in plan.touched]
         parts += [data for data, _ in plan.touched.values()]
-        return pa.concat_tables([conform(p, schema) for p in parts])
+        return pa.concat_tables([conform(p, schema) for p in parts]) if parts else \
+            schema.empty_table()
 
     def bulk_load(self, rows: pa.Table) -> dict[str, Any]:
         """Load an initial snapshot (a backfill) into an empty table in one commit, fast:
@@ -282,8 +296,9 @@ class CdcTable:
     def to_spark(self, spark: Any) -> Any:
         """A Spark DataFrame of `to_arrow()`'s view (baseline files read by Spark directly)."""
         if self.is_within_staleness() or not self.has_pending_changes():
-            uris = DeltaTable(str(self.root)).file_uris()
-            if uris:
+            table = DeltaTable(str(self.root))
+            uris = table.file_uris()
+            if uris and not any(f.merge_on_read for f in read_manifest(table).files):
                 return spark.read.parquet(*uris)
         return spark.createDataFrame(self.to_arrow())
 
@@ -296,7 +311,7 @@ class CdcTable:
                     f"table {self.root} has unapplied changes; apply them or pass apply_first"
                 )
             self.apply()
-        table = DeltaTable(str(self.root)).to_pyarrow_table()
+        table = self._baseline()
         pq.write_table(table, destination)
         return int(table.num_rows)
 

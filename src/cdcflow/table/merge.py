@@ -88,8 +88,12 @@ def merge_range(data: pa.Table, state: pa.Table, changes: pa.Table, schema: pa.S
                 primary_key: tuple[str, ...], now_micros: int,
                 retention_micros: int) -> tuple[pa.Table, pa.Table, int]:
     """Merge winning changes (from `winners`) into one range; return its sorted data and
-    state, and how many changes took effect. Expired tombstones are dropped."""
+    state, and how many changes took effect. Expired tombstones are dropped first."""
     target_state = state_schema(schema, primary_key)
+    # a tombstone whose window has passed no longer blocks anything, in this apply too
+    cutoff = now_micros - retention_micros
+    expired = pc.fill_null(pc.less(state.column("_deleted_at"), cutoff), False)
+    state = state.filter(pc.invert(expired))
     effective = changes
     if state.num_rows and changes.num_rows:
         known_orders = order_text(state.column("_seq_key"), state.column("_ingest"),
@@ -118,9 +122,6 @@ def merge_range(data: pa.Table, state: pa.Table, changes: pa.Table, schema: pa.S
                 effective.column("_cdcflow_row"), deleted_at],
             schema=target_state)
         state = pa.concat_tables([state.cast(target_state), new_state])
-    cutoff = now_micros - retention_micros
-    expired = pc.fill_null(pc.less(state.column("_deleted_at"), cutoff), False)
-    state = state.filter(pc.invert(expired))
     order = [(k, "ascending") for k in primary_key]
     return data.sort_by(order), state.sort_by(order), effective.num_rows
 

@@ -1,4 +1,4 @@
-"""Table options (primary key, max_staleness, delete retention, file size) in
+"""Table options (primary key, max_staleness, delete retention, file size, deletion vectors) in
 `<root>/_cdcflow/table.json`, written atomically."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class TableOptions:
     max_staleness_seconds: float | None
     delete_retention_seconds: float
     target_file_rows: int
+    deletion_vectors: bool = False
 
     def validated(self) -> TableOptions:
         if self.max_staleness_seconds is not None and self.max_staleness_seconds <= 0:
@@ -29,6 +30,9 @@ class TableOptions:
             raise InvalidArgument("delete_retention must not be negative")
         if self.target_file_rows < 1:
             raise InvalidArgument(f"target_file_rows {self.target_file_rows} must be positive")
+        if not isinstance(self.deletion_vectors, bool):
+            raise InvalidArgument(
+                f"deletion_vectors {self.deletion_vectors!r} must be True or False")
         return self
 
     def public(self) -> dict[str, Any]:
@@ -39,6 +43,7 @@ class TableOptions:
             "max_staleness": None if staleness is None else timedelta(seconds=staleness),
             "delete_retention": timedelta(seconds=self.delete_retention_seconds),
             "target_file_rows": self.target_file_rows,
+            "deletion_vectors": self.deletion_vectors,
         }
 
     def altered(self, **changes: Any) -> TableOptions:
@@ -50,10 +55,12 @@ class TableOptions:
                 values["delete_retention_seconds"] = _seconds(value)
             elif name == "target_file_rows":
                 values["target_file_rows"] = int(value)
+            elif name == "deletion_vectors":
+                values["deletion_vectors"] = value
             else:
                 raise InvalidArgument(
-                    f"option {name!r} cannot be altered; use max_staleness, delete_retention "
-                    "or target_file_rows"
+                    f"option {name!r} cannot be altered; use max_staleness, delete_retention, "
+                    "target_file_rows or deletion_vectors"
                 )
         return replace(self, **values).validated()
 
@@ -86,4 +93,5 @@ def load_options(root: str | Path) -> TableOptions:
         data["max_staleness_seconds"],
         data["delete_retention_seconds"],
         data["target_file_rows"],
+        data.get("deletion_vectors", False),
     )

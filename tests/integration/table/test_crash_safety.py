@@ -10,7 +10,9 @@ import signal
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable, QueryBuilder
 
 from cdcflow.table import CdcTable
 
@@ -36,8 +38,9 @@ def make_batches(count: int, size: int, seed: int) -> list[list[dict]]:
     return batches
 
 
-def expected_rows(batches: list[list[dict]]) -> dict[int, tuple]:
-    state: dict[int, tuple] = {}
+def expected_rows(batches: list[list[dict]],
+                  start: dict[int, tuple] | None = None) -> dict[int, tuple]:
+    state: dict[int, tuple] = dict(start or {})
     for row in sorted((r for b in batches for r in b),
                       key=lambda r: int(r["_CHANGE_SEQUENCE_NUMBER"], 16)):
         if row["_CHANGE_TYPE"] == "DELETE":
@@ -56,17 +59,19 @@ def write_and_apply(path: str, batch: list[dict], version: int, phase_file: str)
     Path(phase_file).write_text("done")
 
 
-def test_killed_appends_and_applies_then_retried_equal_the_clean_result(tmp_path: Path):
-    batches = make_batches(10, 4000, seed=5)
-    path = str(tmp_path / "t")
-    table = CdcTable.create(path, SCHEMA, ["id"], target_file_rows=400)
+def kill_and_retry(table: CdcTable, batches: list[list[dict]], folder: Path,
+                   seed: int) -> set[str]:
+    """Each batch: a writer appends and applies and is SIGKILLed at a random point of the
+    append (even batches) or the apply (odd ones); then the work is retried in-process.
+    Returns the phases the kills landed in."""
     context = multiprocessing.get_context("spawn")
-    rng = random.Random(9)
+    rng = random.Random(seed)
     interrupted: set[str] = set()
     for version, batch in enumerate(batches):
-        phase = str(tmp_path / f"phase-{version}")
+        phase = str(folder / f"phase-{version}")
         target = "appending" if version % 2 == 0 else "applying"
-        process = context.Process(target=write_and_apply, args=(path, batch, version, phase))
+        process = context.Process(target=write_and_apply,
+                                  args=(str(table.root), batch, version, phase))
         process.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -82,9 +87,42 @@ def test_killed_appends_and_applies_then_retried_equal_the_clean_result(tmp_path
         # the retry: the same append (skipped if it had committed) and an apply
         table.connection().append(batch, app_id="writer", version=version)
         table.apply()
+    return interrupted
+
+
+def test_killed_appends_and_applies_then_retried_equal_the_clean_result(tmp_path: Path):
+    batches = make_batches(10, 4000, seed=5)
+    path = str(tmp_path / "t")
+    table = CdcTable.create(path, SCHEMA, ["id"], target_file_rows=400)
+    interrupted = kill_and_retry(table, batches, tmp_path, seed=9)
     assert {"appending", "applying"} <= interrupted
     got = {r["id"]: (r["v"], r["note"]) for r in table.to_arrow().to_pylist()}
     assert got == expected_rows(batches)
     assert not table.has_pending_changes()
     again = CdcTable.open(path)
     assert {r["id"] for r in again.to_arrow().to_pylist()} == set(got)
+
+
+def test_killed_merge_on_read_applies_leave_a_table_every_reader_agrees_on(tmp_path: Path):
+    """Issue 11, goal 5: with deletion_vectors a killed apply leaves, at worst, vectors and
+    patches that no commit names; the retry's result equals the clean one for cdcflow and
+    for a third-party Delta reader (DataFusion)."""
+    size = 40_000
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"], target_file_rows=10_000,
+                            deletion_vectors=True)
+    table.bulk_load(pa.table({"id": pa.array(range(size), pa.int64()),
+                              "v": pa.array([-1] * size, pa.int64()), "note": ["base"] * size}))
+    rng = random.Random(3)
+    batches = [[{**row, "id": rng.randrange(size)} for row in batch]
+               for batch in make_batches(12, 300, seed=11)]
+    interrupted = kill_and_retry(table, batches, tmp_path, seed=13)
+    assert {"appending", "applying"} <= interrupted
+    expected = expected_rows(batches, {i: (-1, "base") for i in range(size)})
+    got = {r["id"]: (r["v"], r["note"]) for r in table.to_arrow().to_pylist()}
+    assert got == expected
+    stats = table.apply_jobs()
+    assert any(job.get("files_patched") for job in stats)
+    third_party = QueryBuilder().register("t", DeltaTable(str(table.root))).execute(
+        "SELECT id, v, note FROM t")
+    assert {r["id"]: (r["v"], r["note"]) for r in pa.table(third_party.read_all()).to_pylist()} \
+        == expected

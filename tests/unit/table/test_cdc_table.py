@@ -342,3 +342,27 @@ def test_delete_older_than_refuses_a_bad_sequence(tmp_path: Path):
     with pytest.raises(InvalidArgument, match="'2x/0'"):
         table.delete_older_than("2x/0")
     assert rows(table) == [(1, "a", 1)]
+
+
+def test_applied_pending_files_leave_the_process_cache(tmp_path: Path):
+    """Goal 6 of issue 11: the cache of pending files' rows must not keep files an apply has
+    consumed; a long run would otherwise grow until the cache's row bound."""
+    from cdcflow.table.apply import PENDING_FILES
+
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    folder = str((tmp_path / "t" / "_cdcflow" / "pending").resolve()) + "/"
+
+    def cached() -> list[str]:
+        return [key[0] for key in PENDING_FILES._tables if key[0].startswith(folder)]
+
+    for round_ in range(3):
+        table.connection().append([{"id": i, "name": f"n{round_}", "salary": round_,
+                                    "_CHANGE_TYPE": "UPSERT"} for i in range(5)])
+        table.apply()
+    table.connection().append([{"id": 9, "name": "x", "salary": 9, "_CHANGE_TYPE": "UPSERT"}])
+    assert rows(table)[-1] == (9, "x", 9)  # a runtime merge reads the one unapplied file
+    assert len(cached()) == 1
+    table.apply()
+    table.connection().append([{"id": 8, "name": "y", "salary": 8, "_CHANGE_TYPE": "UPSERT"}])
+    assert (8, "y", 8) in rows(table)
+    assert len(cached()) == 1
