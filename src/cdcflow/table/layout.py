@@ -193,12 +193,21 @@ def write_file(root: Path, data: pa.Table, state: pa.Table,
     data_path, state_path = f"data/{name}", f"_cdcflow/state/{name}"
     (root / "data").mkdir(exist_ok=True)
     (root / "_cdcflow" / "state").mkdir(parents=True, exist_ok=True)
-    pq.write_table(data, root / data_path)
-    pq.write_table(state, root / state_path)
+    write_sorted(data, root / data_path, primary_key)
+    write_sorted(state, root / state_path, primary_key)
     first = state.slice(0, 1).to_pylist()
     low = tuple(first[0][k] for k in primary_key) if first else ()
     return FileEntry(data_path, state_path, low, data.num_rows,
                      os.path.getsize(root / data_path), greatest_order(state))
+
+
+def write_sorted(table: pa.Table, path: Path, primary_key: tuple[str, ...]) -> None:
+    """Write a table sorted by key; integer key columns are delta-encoded, which makes them
+    several times faster to read (a merge-on-read apply reads a range's key column)."""
+    integer_keys = [k for k in primary_key if pa.types.is_integer(table.schema.field(k).type)]
+    others = [name for name in table.column_names if name not in integer_keys]
+    pq.write_table(table, path, use_dictionary=others or False,
+                   column_encoding={k: "DELTA_BINARY_PACKED" for k in integer_keys} or None)
 
 
 def write_patch(root: Path, data: pa.Table, state: pa.Table, clock: Clock) -> Patch:

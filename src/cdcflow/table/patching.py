@@ -90,9 +90,8 @@ def patch_range(root: Path, entry: FileEntry, changes: pa.Table, schema: pa.Sche
     if not effective.num_rows:
         return RangePatch(hidden, patch_data, patch_state, 0)
     touched = key_array(effective, primary_key)
-    base_keys = pq.read_table(root / entry.data, columns=list(primary_key))
-    positions = pc.indices_nonzero(pc.is_in(key_array(base_keys, primary_key), value_set=touched))
-    hidden = hidden | BitMap64(np.asarray(positions, dtype=np.uint64))
+    base_keys = pq.ParquetFile(root / entry.data).read(columns=list(primary_key))
+    hidden = hidden | BitMap64(base_positions(key_array(base_keys, primary_key), touched))
     deletes = pc.equal(effective.column("_CHANGE_TYPE"), "DELETE")
     upserts = effective.filter(pc.invert(deletes)).select(schema.names).cast(schema)
     kept_data = patch_data.filter(pc.invert(pc.is_in(key_array(patch_data, primary_key),
@@ -109,3 +108,15 @@ def patch_range(root: Path, entry: FileEntry, changes: pa.Table, schema: pa.Sche
     data = pa.concat_tables([kept_data, upserts]).sort_by(order)
     state = pa.concat_tables([kept_state, new_state]).sort_by(order)
     return RangePatch(hidden, data, state, effective.num_rows)
+
+
+def base_positions(base_keys: pa.Array, touched: pa.Array) -> np.ndarray:
+    """The positions in a base file (sorted by key, each key once) of the `touched` keys it
+    holds. A one-column integer key is binary-searched; other keys go through a hash set."""
+    if pa.types.is_integer(base_keys.type) and base_keys.null_count == 0 and len(base_keys):
+        keys = base_keys.to_numpy()
+        wanted = touched.to_numpy(zero_copy_only=False)
+        found = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+        return np.unique(found[keys[found] == wanted]).astype(np.uint64)
+    mask = pc.is_in(base_keys, value_set=touched)
+    return np.asarray(pc.indices_nonzero(mask), dtype=np.uint64)

@@ -203,3 +203,25 @@ def test_hand_written_commits_are_checkpointed(tmp_path: Path, monkeypatch):
     for name in (mor.root / "_delta_log").glob("0000000000000000000[0-2].json"):
         name.unlink()  # readers must now start from the checkpoint
     assert _third_party_rows(mor.root) == _sorted(plain.to_arrow()) == _sorted(mor.to_arrow())
+
+
+@settings(max_examples=200, deadline=None)
+@given(base=st.sets(st.integers(-2**63, 2**63 - 1), max_size=60),
+       wanted=st.lists(st.integers(-2**63, 2**63 - 1), max_size=30),
+       reuse=st.lists(st.integers(0, 59), max_size=20))
+def test_binary_searched_positions_equal_the_hash_set_path(base, wanted, reuse):
+    """base_positions' fast path for one integer key (searchsorted over the sorted base)
+    finds exactly what a hash-set membership test finds, string keys take the latter."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from cdcflow.table.patching import base_positions
+
+    keys = sorted(base)
+    wanted = wanted + [keys[i % len(keys)] for i in reuse] if keys else wanted
+    base_array, wanted_array = pa.array(keys, pa.int64()), pa.array(wanted, pa.int64())
+    plain = np.asarray(pc.indices_nonzero(pc.is_in(base_array, value_set=wanted_array)))
+    assert list(base_positions(base_array, wanted_array)) == list(plain)
+    as_text = base_positions(pa.array([f"{k:+021d}" for k in keys], pa.string()),
+                             pa.array([f"{k:+021d}" for k in wanted], pa.string()))
+    assert list(as_text) == list(plain)
