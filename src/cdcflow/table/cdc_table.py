@@ -29,6 +29,7 @@ from cdcflow.table.apply import (
     apply_lock,
     commit_apply,
     epoch_seconds,
+    in_parallel,
     load_sorted,
     plan_apply,
 )
@@ -218,8 +219,8 @@ class CdcTable:
 
     def _merged(self, plan: ApplyPlan) -> pa.Table:
         schema = self.schema
-        parts = [read_data(self.root, f, schema) for i, f in enumerate(plan.manifest.files)
-                 if i not in plan.touched]
+        parts = in_parallel(lambda f: read_data(self.root, f, schema),
+                            [f for i, f in enumerate(plan.manifest.files) if i not in plan.touched])
         parts += [data for data, _ in plan.touched.values()]
         return pa.concat_tables([conform(p, schema) for p in parts]) if parts else \
             schema.empty_table()

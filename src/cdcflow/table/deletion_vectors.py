@@ -121,5 +121,5 @@ def kept_mask(rows: int, deleted: BitMap64) -> np.ndarray:
     """A boolean mask over `rows` rows, False where `deleted` holds the position."""
     mask = np.ones(rows, dtype=bool)
     if len(deleted):
-        mask[np.fromiter(deleted, dtype=np.int64, count=len(deleted))] = False
+        mask[np.frombuffer(deleted.to_array(), dtype=np.uint64).astype(np.int64)] = False
     return mask
