@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DURATION ?= 60
 
 .PHONY: demo test lint bench java servers clean
-DEBIAN_PACKAGES := postgresql postgresql-contrib
+DEBIAN_PACKAGES := postgresql postgresql-contrib mariadb-server sysbench
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,8 @@ java:
 
 # The tests start real database servers themselves; this installs their Debian packages.
 servers:
-	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	@if ! ls /usr/lib/postgresql/*/bin/initdb /usr/sbin/mariadbd /usr/bin/sysbench \
+			>/dev/null 2>&1; then \
 		echo "installing $(DEBIAN_PACKAGES) for the tests' real servers"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			$(DEBIAN_PACKAGES) >/dev/null; \

@@ -186,8 +186,20 @@ def source_fields(kind: SourceKind, change: Change, database: str) -> dict[str, 
     keys = [c.name for c in change.column_types if c.is_primary_key]
     fields = {name: known.get(name) for name in kind.fields}
     return fields | object_parts(kind, change.table) | {
-        "change_type": change.mod_type, "is_deleted": change.mod_type == "DELETE",
+        "change_type": change_type(kind, change), "is_deleted": change.mod_type == "DELETE",
         "primary_keys": keys}
+
+
+def change_type(kind: SourceKind, change: Change) -> str:
+    """EV-4's change_type: the mod type, except for MySQL, where an update is UPDATE-INSERT
+    and one that moves the key is UPDATE-DELETE (the old key) then UPDATE-INSERT."""
+    if kind.name != "mysql":
+        return change.mod_type
+    if change.mod_type == "UPDATE" or "moved_from" in change.position:
+        return "UPDATE-INSERT"
+    if "moved_to" in change.position:
+        return "UPDATE-DELETE"
+    return change.mod_type
 
 
 def event_of_change(stream_name: str, database: str, change: Change, row: dict[str, Any],

@@ -112,14 +112,20 @@ def _postgres_order(change: ChangeContext) -> SortKeys:
 
 
 def _mysql_order(change: ChangeContext) -> SortKeys:
-    """EV-6: (log_file, log_position)."""
+    """EV-6: (log_file, log_position); the rows one binlog event holds share its position,
+    so `row` (and `part`, for the two changes of a moved key) follow when given."""
     log_file, log_position = change.position.get("log_file"), change.position.get("log_position")
     if not isinstance(log_file, str) or not isinstance(log_position, int):
         raise InvalidArgument(
             f"a MySQL change needs 'log_file' and 'log_position', got {log_file!r}, "
             f"{log_position!r}"
         )
-    return (log_file, log_position)
+    keys: SortKeys = (log_file, log_position)
+    for extra in ("row", "part"):
+        value = change.position.get(extra)
+        if value is not None:
+            keys = (*keys, int(value))
+    return keys
 
 
 EMBEDDED: Final = SourceKind(

@@ -69,7 +69,23 @@ class PostgresSource(BaseModel):
         return value
 
 
-Source = Annotated[EmbeddedSource | PostgresSource, Field(discriminator="kind")]
+class MySqlSource(BaseModel):
+    """A MySQL or MariaDB server through its row-based binlog."""
+
+    model_config = _FROZEN
+    kind: Literal["mysql"]
+    host: str = Field(min_length=1)
+    port: int = Field(default=3306, ge=1, le=65535)
+    user: str = Field(min_length=1)
+    password_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    databases: tuple[str, ...] = Field(min_length=1)
+    server_id: int | None = Field(default=None, ge=1, le=2**32 - 1)
+    """The replica id the reader registers with; default: derived from the stream's name."""
+    heartbeat_seconds: float = Field(default=1.0, gt=0)
+    chunk_rows: int = Field(default=5_000, ge=1, le=1_000_000)
+
+
+Source = Annotated[EmbeddedSource | PostgresSource | MySqlSource, Field(discriminator="kind")]
 """Every kind of source, told apart by `kind` (a definition without one is `embedded`)."""
 
 

@@ -5,10 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from cdcflow.capture.embedded import EmbeddedSource as EmbeddedChangeSource
+from cdcflow.capture.mysql.connection import Endpoint
+from cdcflow.capture.mysql.source import MySqlConfig, default_server_id
+from cdcflow.capture.mysql.source import MySqlSource as MySqlChangeSource
 from cdcflow.capture.postgres.source import PostgresConfig
 from cdcflow.capture.postgres.source import PostgresSource as PostgresChangeSource
 from cdcflow.capture.source import ChangeSource, WorkerHooks
-from cdcflow.streams.definition import EmbeddedSource, PostgresSource, StreamDefinition
+from cdcflow.streams.definition import (
+    EmbeddedSource,
+    MySqlSource,
+    PostgresSource,
+    StreamDefinition,
+)
 
 
 def log_path(definition: StreamDefinition, home: str | Path) -> str:
@@ -32,6 +40,12 @@ def open_source(definition: StreamDefinition, home: str | Path,
                 dict(source.primary_keys), dict(source.numeric_precision),
                 int(source.retained_wal_warning_mb * 1024 * 1024), source.chunk_rows),
             hooks=hooks)
+        case MySqlSource() as source:
+            return MySqlChangeSource(MySqlConfig(
+                Endpoint(source.host, source.port, source.user, source.password_env),
+                source.databases, source.server_id or default_server_id(definition.name),
+                log_path(definition, home), definition.include, definition.exclude,
+                source.chunk_rows, source.heartbeat_seconds), hooks=hooks)
     raise AssertionError(f"unhandled source {definition.source!r}")
 
 

@@ -152,10 +152,11 @@ def _fold_key(table: str, group: list[dict[str, Any]], context: _Context) -> Fol
     state: dict[str, Any] | None = context.base.get(context.key(keys))
     rows = []
     for mod in group:
-        new = python_row(types, json.loads(mod["new_values"]))
+        own = _types_of(mod)  # a column added or dropped within the batch: each its own
+        new = python_row(own, json.loads(mod["new_values"]))
         empty = {c: None for c in names}
         if mod["mod_type"] == "DELETE":
-            old = python_row(types, json.loads(mod["old_values"]))
+            old = python_row(own, json.loads(mod["old_values"]))
             rows.append(empty | (state or {}) | old | keys)
             context.deleted[context.key(keys)] = rows[-1]
             state = None

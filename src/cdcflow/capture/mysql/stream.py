@@ -1,0 +1,194 @@
+"""The capture loop: a row-based binlog, read through mysql-replication, into the change log.
+
+A transaction is the group between a GTID event and its XID (or COMMIT) event; a DDL is a
+standalone GTID group of one query. Each committed group is appended with the source position
+after it, `{"gtid", "log_file", "log_position"}`, in the same log transaction as its records
+(`ChangeLog.append`); a group that touches no watched table only moves the position
+(`advance`). A restart streams from the stored GTID state on MariaDB (the server then sends
+exactly the groups after it), or from the stored file and position on MySQL, so no
+transaction is appended twice or skipped.
+
+Column names and types come from each row event's table map (the server's
+`binlog_row_metadata=FULL`), never from the current schema: an event written before an ALTER
+decodes with the columns it was written with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from cdcflow.capture.mysql.connection import Endpoint
+from cdcflow.capture.mysql.position import GtidState
+from cdcflow.capture.mysql.rows import RowShape, shape_of
+from cdcflow.model.changes import SourceChange, SourceTransaction
+from cdcflow.model.source import MYSQL, SourceMetadata
+from cdcflow.store.changelog import ChangeLog
+
+STANDALONE = 1  # MariaDB GTID flag: a group without XID/COMMIT (DDL)
+
+
+@dataclass(slots=True)
+class Settings:
+    """What the loop needs besides the log."""
+
+    source_id: str
+    endpoint: Endpoint
+    server_id: int
+    databases: tuple[str, ...]
+    selected: Callable[[str], bool]
+    mariadb: bool
+    heartbeat_seconds: float = 1.0
+
+
+@dataclass(slots=True)
+class _Group:
+    """The transaction being received."""
+
+    gtid: str
+    standalone: bool
+    timestamp: int
+    changes: list[SourceChange] = field(default_factory=list)
+
+
+class BinlogCapture:
+    """One run of the loop; `run(stop)` returns when `stop` is set (within a heartbeat)."""
+
+    def __init__(self, settings: Settings, log: ChangeLog) -> None:
+        self.settings, self.log = settings, log
+        stored = log.position(settings.source_id)
+        if stored is None:
+            raise AssertionError("a MySQL capture starts from the position its snapshot set")
+        self.after: dict[str, Any] = stored.position
+        self.gtid = GtidState.parse(str(self.after.get("gtid") or ""))
+        self.group: _Group | None = None
+        self.shapes: dict[tuple[int, tuple[str, ...]], RowShape] = {}
+        self.stream: Any = None
+
+    def _open(self) -> Any:
+        from pymysqlreplication import BinLogStreamReader
+        from pymysqlreplication.event import (
+            GtidEvent,
+            MariadbGtidEvent,
+            QueryEvent,
+            RotateEvent,
+            XidEvent,
+        )
+        from pymysqlreplication.row_event import (
+            DeleteRowsEvent,
+            UpdateRowsEvent,
+            WriteRowsEvent,
+        )
+
+        options: dict[str, Any] = {
+            "connection_settings": self.settings.endpoint.settings(),
+            "server_id": self.settings.server_id, "blocking": True,
+            "slave_heartbeat": self.settings.heartbeat_seconds,
+            "only_events": [MariadbGtidEvent, GtidEvent, QueryEvent, RotateEvent, XidEvent,
+                            WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+            "enable_logging": False,
+        }
+        if self.settings.mariadb:
+            options |= {"is_mariadb": True, "auto_position": self.gtid.text()}
+        else:
+            options |= {"resume_stream": True, "log_file": self.after["log_file"],
+                        "log_pos": int(self.after["log_position"])}
+        return BinLogStreamReader(**options)
+
+    def run(self, stop: threading.Event) -> None:
+        """Read until `stop` is set: a watcher closes the connection then, which ends a read
+        that is waiting for the server."""
+        self.stream = self._open()
+        finished = threading.Event()
+
+        def close_on_stop() -> None:
+            while not finished.wait(0.05):
+                if stop.is_set():
+                    self.stream.close()
+                    return
+
+        watcher = threading.Thread(target=close_on_stop, name="binlog-stop", daemon=True)
+        watcher.start()
+        try:
+            while not stop.is_set():
+                try:
+                    event = self.stream.fetchone()
+                except Exception:
+                    if stop.is_set():
+                        return
+                    raise
+                if event is not None:
+                    self._handle(event)
+        finally:
+            finished.set()
+            watcher.join()
+            with contextlib.suppress(Exception):  # the watcher may have closed it already
+                self.stream.close()
+
+    def _handle(self, event: Any) -> None:
+        name = type(event).__name__
+        if name in ("MariadbGtidEvent", "GtidEvent"):
+            standalone = bool(getattr(event, "flags", 0) & STANDALONE) if \
+                name == "MariadbGtidEvent" else False
+            self.group = _Group(str(event.gtid), standalone, int(event.timestamp))
+        elif name in ("WriteRowsEvent", "UpdateRowsEvent", "DeleteRowsEvent"):
+            if self.group is not None:
+                self._rows(event)
+        elif name == "XidEvent":
+            self._commit(int(event.timestamp))
+        elif name == "QueryEvent":
+            self._query(event)
+
+    def _query(self, event: Any) -> None:
+        text = event.query.decode() if isinstance(event.query, bytes) else str(event.query)
+        word = text.strip().split(None, 1)[0].upper() if text.strip() else ""
+        if word == "BEGIN" or self.group is None:
+            return
+        if word == "ROLLBACK":
+            self.group = None
+        elif word == "COMMIT" or self.group.standalone:
+            self._commit(int(event.timestamp))
+
+    def _rows(self, event: Any) -> None:
+        table = f"{event.schema}.{event.table}"
+        if event.schema not in self.settings.databases or not self.settings.selected(table):
+            return
+        shape = self._shape(event, table)
+        position = {"log_file": self.stream.log_file, "log_position": int(event.packet.log_pos)}
+        kind = type(event).__name__
+        assert self.group is not None
+        for index, row in enumerate(event.rows):
+            self.group.changes += shape.changes(kind, row, position | {"row": index})
+
+    def _shape(self, event: Any, table: str) -> RowShape:
+        columns = tuple(str(c.name) for c in event.columns)
+        key = (int(event.table_id), columns)
+        shape = self.shapes.get(key)
+        if shape is None:
+            shape = self.shapes[key] = shape_of(table, event.columns, event.primary_key)
+        return shape
+
+    def _commit(self, timestamp: int) -> None:
+        group, self.group = self.group, None
+        if group is None:
+            return
+        self.gtid = self.gtid.advanced(group.gtid) if self.settings.mariadb else self.gtid
+        position = {"gtid": self.gtid.text() if self.settings.mariadb else group.gtid,
+                    "log_file": self.stream.log_file, "log_position": int(self.stream.log_pos)}
+        if group.changes:
+            metadata = SourceMetadata(MYSQL.cdc_method,
+                                      datetime.fromtimestamp(timestamp or group.timestamp, UTC),
+                                      group.gtid, {"log_file": position["log_file"],
+                                                   "log_position": position["log_position"]})
+            self.log.append(self.settings.source_id,
+                            SourceTransaction(metadata, tuple(group.changes)), self.after,
+                            position)
+        else:
+            self.log.advance(self.settings.source_id, self.after, position)
+        self.after = position
+        if self.settings.mariadb:  # a reconnect inside the library resumes from here
+            self.stream.auto_position = self.gtid.text()
