@@ -15,7 +15,6 @@ import pytest
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.events.files import EventFileWriter, read_json_events
 from cdcflow.localmaria import LocalMariaDB
-from cdcflow.spark.pipeline import start_query
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import Catalog
@@ -23,6 +22,7 @@ from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.setup import prepare_stream
 from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
+from tests.integration.pipeline import drain
 
 pytestmark = pytest.mark.integration
 
@@ -63,17 +63,6 @@ def captured(maria: LocalMariaDB, tmp_path: Path, name: str, include: list[str],
         stop.set()
         worker.join()
     return setup, catalog
-
-
-def drain(spark: Any, setup: Any, tmp_path: Path) -> None:
-    from cdcflow.model.timestamps import format_rfc3339, from_micros
-
-    status = Catalog(tmp_path / "catalog.db").status(setup.definition.name)
-    query = start_query(spark, setup.plan, setup.source.log_location()[0], "changes",
-                        format_rfc3339(from_micros(int(status["cdc_start"]))),
-                        tmp_path / "ckpt", {"availableNow": True})
-    query.awaitTermination()
-    assert query.exception() is None
 
 
 def test_changes_key_moves_and_schema_changes_reach_tables_and_events(

@@ -16,13 +16,13 @@ import pytest
 from cdcflow.capture.source import WorkerHooks
 from cdcflow.events.files import EventFileWriter, read_json_events
 from cdcflow.localdb import LocalPostgres
-from cdcflow.spark.pipeline import start_query
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.setup import prepare_stream
 from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
+from tests.integration.pipeline import drain
 
 pytestmark = pytest.mark.integration
 BIG = "".join(random.Random(1).choices(string.ascii_letters, k=20_000))  # TOASTed, >8 kB
@@ -61,17 +61,6 @@ def captured(pg: LocalPostgres, tmp_path: Path, name: str, include: list[str],
         stop.set()
         worker.join()
     return setup, catalog
-
-
-def drain(spark: Any, setup: Any, tmp_path: Path) -> None:
-    from cdcflow.model.timestamps import format_rfc3339, from_micros
-
-    status = Catalog(tmp_path / "catalog.db").status(setup.definition.name)
-    query = start_query(spark, setup.plan, setup.source.log_location()[0], "changes",
-                        format_rfc3339(from_micros(int(status["cdc_start"]))),
-                        tmp_path / "ckpt", {"availableNow": True})
-    query.awaitTermination()
-    assert query.exception() is None
 
 
 def test_toast_key_changes_full_identity_and_schema_changes(spark: Any, pg: LocalPostgres,
