@@ -49,3 +49,8 @@ class Unavailable(CdcflowError):
 
 class DataLoss(CdcflowError):
     """Stored data is damaged or missing: a checksum or a size does not match."""
+
+
+class PositionLost(FailedPrecondition):
+    """The source no longer holds a stored capture position (a purged binlog, say): the
+    changes after it are gone, and reading on would skip them."""

@@ -27,6 +27,10 @@ Op = tuple[str, str, dict[str, Any]]
 
 class SourceHarness(Protocol):
     name: str
+    kill_rounds: int
+    """How many random points the SIGKILL test kills at."""
+    round_transactions: int
+    """How many transactions a writer commits in each of its rounds."""
 
     def setup(self, folder: Path) -> None: ...
 
@@ -104,6 +108,7 @@ def embedded_writer(path: str, seed: int, transactions: int, first_journal_id: i
 
 class EmbeddedHarness:
     name = "embedded"
+    kill_rounds, round_transactions = 8, 400
 
     def setup(self, folder: Path) -> None:
         self.path = str(folder / "source.db")
@@ -211,6 +216,7 @@ def postgres_writer(dsn: str, password: str, seed: int, transactions: int,
 
 class PostgresHarness:
     name = "postgres"
+    kill_rounds, round_transactions = 8, 400
 
     def setup(self, folder: Path) -> None:
         import os
@@ -286,4 +292,147 @@ class PostgresHarness:
         self.server.stop()
 
 
-HARNESSES: dict[str, type[Any]] = {"embedded": EmbeddedHarness, "postgres": PostgresHarness}
+# ---- MySQL / MariaDB ------------------------------------------------------------------------
+
+MYSQL_DDL = (
+    "CREATE TABLE accounts (id BIGINT PRIMARY KEY, owner TEXT, balance BIGINT)",
+    "CREATE TABLE journal (id BIGINT PRIMARY KEY, note TEXT)",
+)
+MYSQL_DEADLOCK, MYSQL_LOCK_WAIT = 1213, 1205
+
+
+def _quote(identifier: str) -> str:
+    return "`" + identifier.replace("`", "``") + "`"
+
+
+def _mysql_statements(ops: list[Op]) -> list[tuple[str, tuple[Any, ...]]]:
+    statements = []
+    for kind, table, values in ops:
+        name, columns = _quote(table), list(values)
+        others = [c for c in columns if c != "id"]
+        if kind == "upsert":
+            update = ", ".join(f"{_quote(c)} = VALUES({_quote(c)})" for c in others) or \
+                "id = id"
+            statements.append((
+                f"INSERT INTO {name} ({', '.join(map(_quote, columns))}) VALUES "
+                f"({', '.join(['%s'] * len(columns))}) ON DUPLICATE KEY UPDATE {update}",
+                tuple(values.values())))
+        elif kind == "update":
+            assignments = ", ".join(f"{_quote(c)} = %s" for c in others)
+            statements.append((f"UPDATE {name} SET {assignments} WHERE id = %s",
+                               (*(values[c] for c in others), values["id"])))
+        else:
+            statements.append((f"DELETE FROM {name} WHERE id = %s", (values["id"],)))
+    return statements
+
+
+def _mysql_connect(port: int, password: str) -> Any:
+    import pymysql
+
+    return pymysql.connect(host="127.0.0.1", port=port, user="root", password=password,
+                           database="shop", autocommit=False, charset="utf8mb4")
+
+
+def mysql_writer(port: int, password: str, seed: int, transactions: int,
+                 first_journal_id: int) -> None:
+    import pymysql
+
+    rng = random.Random(seed)
+    conn = _mysql_connect(port, password)
+    for number in range(transactions):
+        statements = _mysql_statements(random_ops(rng, first_journal_id + number))
+        for _attempt in range(20):  # two writers over 60 keys can deadlock: InnoDB aborts
+            try:                    # one, which retries, as an application would
+                with conn.cursor() as cur:
+                    for query, params in statements:
+                        cur.execute(query, params)
+                conn.commit()
+                break
+            except pymysql.err.OperationalError as error:
+                conn.rollback()
+                if error.args[0] not in (MYSQL_DEADLOCK, MYSQL_LOCK_WAIT):
+                    raise
+        else:
+            raise RuntimeError(f"transaction {number} deadlocked 20 times")
+    conn.close()
+
+
+class MySqlHarness:
+    name = "mysql"
+    kill_rounds, round_transactions = 20, 150
+
+    def setup(self, folder: Path) -> None:
+        import os
+
+        from cdcflow.localmaria import LocalMariaDB
+
+        self.server = LocalMariaDB.start()
+        self.env = f"CDCFLOW_TEST_MYSQL_{self.server.port}"
+        os.environ[self.env] = self.server.password
+        self.server.sql(*MYSQL_DDL, database="shop")
+        self.conn = _mysql_connect(self.server.port, "")
+
+    def object_name(self, table: str) -> str:
+        return f"shop.{table}"
+
+    def source_profile(self) -> dict[str, Any]:
+        return {"kind": "mysql", "host": "127.0.0.1", "port": self.server.port, "user": "cdc",
+                "password_env": self.env, "databases": ["shop"], "heartbeat_seconds": 0.5}
+
+    def bad_profiles(self) -> list[tuple[dict[str, Any], str]]:
+        good = self.source_profile()
+        return [
+            ({"kind": "mysql", "user": "cdc", "databases": ["shop"]}, "host"),
+            (good | {"databases": []}, "databases"),
+            (good | {"port": 70_000}, "port"),
+            (good | {"password_env": "not a name"}, "password_env"),
+            (good | {"on_position_lost": "sometimes"}, "on_position_lost"),
+            (good | {"server_id": 0}, "server_id"),
+            (good | {"wat": 1}, "wat"),
+        ]
+
+    def unreachable_profile(self, folder: Path) -> tuple[dict[str, Any], str]:
+        from cdcflow.localdb import free_port
+
+        port = free_port()  # nothing listens there
+        return (self.source_profile() | {"port": port},
+                f"cannot connect to MySQL at 127.0.0.1:{port}")
+
+    def commit(self, ops: list[Op]) -> None:
+        with self.conn.cursor() as cur:
+            for query, params in _mysql_statements(ops):
+                cur.execute(query, params)
+        self.conn.commit()
+
+    def roll_back(self, ops: list[Op]) -> None:
+        with self.conn.cursor() as cur:
+            for query, params in _mysql_statements(ops):
+                cur.execute(query, params)
+        self.conn.rollback()
+
+    def add_column(self, table: str, column: str) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute(f"ALTER TABLE {_quote(table)} ADD COLUMN {_quote(column)} TEXT")
+
+    def rows(self, table: str) -> dict[int, dict[str, Any]]:
+        import pymysql.cursors
+
+        self.conn.commit()  # a fresh snapshot for the read below
+        with self.conn.cursor(pymysql.cursors.DictCursor) as cur:
+            cur.execute(f"SELECT * FROM {_quote(table)}")
+            found = {r["id"]: dict(r) for r in cur.fetchall()}
+        self.conn.commit()
+        return found
+
+    def writer(self, seed: int, transactions: int, first_journal_id: int) -> Any:
+        return multiprocessing.get_context("spawn").Process(
+            target=mysql_writer, args=(self.server.port, "", seed, transactions,
+                                       first_journal_id))
+
+    def close(self) -> None:
+        self.conn.close()
+        self.server.stop()
+
+
+HARNESSES: dict[str, type[Any]] = {"embedded": EmbeddedHarness, "postgres": PostgresHarness,
+                                   "mysql": MySqlHarness}

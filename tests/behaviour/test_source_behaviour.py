@@ -170,8 +170,9 @@ def test_backfill_and_cdc_hand_off_under_concurrent_writers(harness: SourceHarne
 
 def test_killed_at_random_points_then_resumed_loses_and_doubles_nothing(
         harness: SourceHarness, tmp_path: Path):
-    """SIGKILL at 8 random points: a capture worker where the source has one; the embedded
-    database's commits write their own change records, so there the committing process."""
+    """SIGKILL at random points (8, or the harness's `kill_rounds`: 20 for MySQL): a capture
+    worker where the source has one; the embedded database's commits write their own change
+    records, so there the committing process."""
     definition = definition_of(harness, tmp_path)
     home = tmp_path / "home"
     source = open_source(definition, home)
@@ -179,8 +180,9 @@ def test_killed_at_random_points_then_resumed_loses_and_doubles_nothing(
     snapshot, capture, objects = snapshot_and_capture(source, definition, home)
     backfill(source, consumer, snapshot, objects)
     rng = random.Random(5)
-    for round_number in range(8):
-        writer = harness.writer(round_number + 10, 400, (round_number + 1) * 100_000)
+    for round_number in range(harness.kill_rounds):
+        writer = harness.writer(round_number + 10, harness.round_transactions,
+                                (round_number + 1) * 100_000)
         before = len(harness.rows("journal"))
         writer.start()
         wanted = before + rng.randint(3, 60)  # a random point while changes are flowing

@@ -82,11 +82,14 @@ class Snapshot:
 class WorkerHooks:
     """How a capture worker talks to the stream it serves: `report(object, message)` puts a
     problem in its errors, `requests()` is the latest request to backfill a table again
-    ({"id", "object"}, or None) and `progress(state)` hears how that request goes."""
+    ({"id", "object"}, or None) and `progress(state)` hears how that request goes;
+    `position_lost(message, objects)` hears that the source's stored position is gone and
+    that the capture goes on from now once `objects` are queued to be backfilled again."""
 
     report: Callable[[str, str], None] = lambda object_name, message: None
     requests: Callable[[], dict[str, Any] | None] = lambda: None
     progress: Callable[[dict[str, Any]], None] = lambda state: None
+    position_lost: Callable[[str, list[str]], None] = lambda message, objects: None
 
 
 RowSink = Callable[[SourceObject, list[dict[str, Any]], Any], None]
@@ -150,3 +153,17 @@ class ChangeSource(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+def taken_request(state: dict[str, Any] | None, request: dict[str, Any] | None,
+                  since: int) -> dict[str, Any] | None:
+    """The new state of a request to backfill a table again ({"id", "object"}), or None
+    when it is not taken: none asked, one is still being served (one at a time: a newer one
+    waits until it is done), or it is the one served already. `since` (log micros) is below
+    every commit the log takes from now on: after the last chunk, a row of the table whose
+    latest change is older is gone from the source (`CdcTable.delete_older_than`)."""
+    if request is None or (state is not None and (not state["done"] or
+                                                  state["id"] == request["id"])):
+        return None
+    return {"id": request["id"], "object": request["object"], "after": None, "chunks": 0,
+            "rows": 0, "done": False, "since": since}

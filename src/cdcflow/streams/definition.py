@@ -83,6 +83,9 @@ class MySqlSource(BaseModel):
     """The replica id the reader registers with; default: derived from the stream's name."""
     heartbeat_seconds: float = Field(default=1.0, gt=0)
     chunk_rows: int = Field(default=5_000, ge=1, le=1_000_000)
+    on_position_lost: Literal["fail", "backfill"] = "fail"
+    """When the binlog of the stored position has been purged: fail the stream, naming the
+    position, or go on from the server's position now and backfill every table again."""
 
 
 Source = Annotated[EmbeddedSource | PostgresSource | MySqlSource, Field(discriminator="kind")]

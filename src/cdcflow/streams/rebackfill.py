@@ -21,14 +21,20 @@ from cdcflow.model.sequence import ChangeSequenceNumber
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.changelog import open_log
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.definition import PostgresSource
+from cdcflow.streams.definition import MySqlSource, PostgresSource
 from cdcflow.streams.setup import StreamSetup
 from cdcflow.streams.sources import open_source
-from cdcflow.streams.workers import BACKFILL_PROGRESS, BACKFILL_REQUEST
+from cdcflow.streams.workers import (
+    BACKFILL_PROGRESS,
+    BACKFILL_QUEUE,
+    BACKFILL_REQUEST,
+    BACKFILL_SWEPT,
+    backfill_busy,
+)
 from cdcflow.table import CdcTable
 
-REQUEST, PROGRESS = BACKFILL_REQUEST, BACKFILL_PROGRESS
-SWEPT = "backfill_swept"
+REQUEST, PROGRESS, SWEPT, QUEUE = (BACKFILL_REQUEST, BACKFILL_PROGRESS, BACKFILL_SWEPT,
+                                   BACKFILL_QUEUE)
 
 
 def request_backfill(catalog: Catalog, name: str, object_name: str) -> dict[str, Any]:
@@ -38,10 +44,11 @@ def request_backfill(catalog: Catalog, name: str, object_name: str) -> dict[str,
     definition names), and no other backfill of the stream may be under way."""
     record = catalog.get(name)
     definition = record.definition
-    if not isinstance(definition.source, PostgresSource):
+    if not isinstance(definition.source, PostgresSource | MySqlSource):
         raise FailedPrecondition(
             f"stream {name!r} reads a {definition.source.kind} source; backfilling one object "
-            "again while the stream goes on needs a source with a capture worker (postgres)")
+            "again while the stream goes on needs a source with a capture worker (postgres, "
+            "mysql)")
     if not definition.selects(object_name):
         raise InvalidArgument(f"object {object_name!r} is not selected by stream {name!r} "
                               f"(include {list(definition.include)}, exclude "
@@ -60,17 +67,12 @@ def request_backfill(catalog: Catalog, name: str, object_name: str) -> dict[str,
             f"object {object_name!r} has no primary key: backfilling it again while the stream "
             "goes on reads it in key order; name its key columns under primary_keys")
     status = catalog.status(name)
-    pending, progress = status.get(REQUEST), status.get(PROGRESS) or {}
-    if pending is not None and (progress.get("id") != pending["id"] or not progress["done"]):
-        raise FailedPrecondition(
-            f"stream {name!r} is still backfilling {pending['object']!r} again (request "
-            f"{pending['id']}); a new request can follow when it is done")
-    if progress.get("done") and not progress.get("failed") and \
-            (status.get(SWEPT) or {}).get("id") != progress["id"]:
-        raise FailedPrecondition(
-            f"stream {name!r} has backfilled {progress['object']!r} again but not yet swept "
-            f"its table of the rows the source lost (request {progress['id']}); a new request "
-            "can follow once backfill_swept names it (the runner must be running)")
+    busy = backfill_busy(status) or (
+        f"has {len(status[QUEUE])} objects queued to backfill again" if status.get(QUEUE)
+        else None)
+    if busy is not None:
+        raise FailedPrecondition(f"stream {name!r} {busy}; a new request can follow when it "
+                                 "is done (the runner must be running)")
     request = {"id": uuid.uuid4().hex, "object": object_name}
     catalog.update_status(name, **{REQUEST: request})
     return request

@@ -34,7 +34,12 @@ from cdcflow.streams.rebackfill import Sweeper
 from cdcflow.streams.setup import StreamSetup, prepare_stream
 from cdcflow.streams.sources import open_source
 from cdcflow.streams.states import StreamState
-from cdcflow.streams.workers import CaptureWorkers, capture_status, run_capture
+from cdcflow.streams.workers import (
+    CAPTURE_FAILED,
+    CaptureWorkers,
+    capture_status,
+    run_capture,
+)
 
 PERMANENT_ERRORS = (InvalidArgument, FailedPrecondition)
 SOURCE_STATUS_SECONDS = 5.0
@@ -244,6 +249,7 @@ class Runner:
 
     def _keep_running(self, record: StreamRecord, worker: Worker) -> None:
         setup = self._setup(record, worker)
+        self._check_capture_failed(worker.name)
         self._ensure_capture(setup)
         self.applier.watch(worker.name, setup.tables, setup.apply_seconds)
         if worker.query is None or not worker.query.isActive:
@@ -260,6 +266,15 @@ class Runner:
             worker.stats["capture_at"] = self._now()
             self.catalog.update_status(worker.name, capture=self._capture_status(setup))
             self.sweeper.sweep_due(setup, committed_micros(worker.query))
+
+    def _check_capture_failed(self, name: str) -> None:
+        """A capture worker that met an error no restart mends (a lost source position)
+        left it in the status: the stream fails with it, permanently (it is taken out of the
+        status, so that a reset stream tries again)."""
+        failed = self.catalog.status(name).get(CAPTURE_FAILED)
+        if failed:
+            self.catalog.update_status(name, **{CAPTURE_FAILED: None})
+            raise FailedPrecondition(f"the capture worker stopped: {failed}")
 
     def _capture_status(self, setup: StreamSetup) -> dict[str, Any]:
         """The capture worker's position and lag in the log, and its process."""

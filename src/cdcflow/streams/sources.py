@@ -45,7 +45,8 @@ def open_source(definition: StreamDefinition, home: str | Path,
                 Endpoint(source.host, source.port, source.user, source.password_env),
                 source.databases, source.server_id or default_server_id(definition.name),
                 log_path(definition, home), definition.include, definition.exclude,
-                source.chunk_rows, source.heartbeat_seconds), hooks=hooks)
+                source.chunk_rows, source.heartbeat_seconds, source.on_position_lost),
+                hooks=hooks)
     raise AssertionError(f"unhandled source {definition.source!r}")
 
 

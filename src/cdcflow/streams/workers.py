@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 from cdcflow.capture.source import WorkerHooks
 from cdcflow.clock import Clock
-from cdcflow.errors import NotFound
+from cdcflow.errors import NotFound, PositionLost
 from cdcflow.model.timestamps import format_rfc3339, to_micros
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.streams.catalog import Catalog
@@ -33,6 +34,12 @@ BACKFILL_REQUEST = "backfill_request"
 """The status entry `cdcflow streams backfill` writes: {"id", "object"}."""
 BACKFILL_PROGRESS = "backfill_again"
 """The status entry where the capture worker reports how that request goes."""
+BACKFILL_SWEPT = "backfill_swept"
+"""The status entry where the runner notes the request whose table it swept."""
+BACKFILL_QUEUE = "backfill_queue"
+"""Objects waiting to be backfilled again, one request after another (a lost position)."""
+CAPTURE_FAILED = "capture_failed"
+"""The status entry where a capture worker leaves an error no restart can mend."""
 
 
 def run_capture(definition_json: str, catalog_path: str) -> None:
@@ -44,7 +51,9 @@ def run_capture(definition_json: str, catalog_path: str) -> None:
     hooks = WorkerHooks(
         report=lambda object_name, message: catalog.record_error(name, object_name, message),
         requests=lambda: _backfill_request(catalog, name),
-        progress=lambda state: catalog.update_status(name, **{BACKFILL_PROGRESS: state}))
+        progress=lambda state: catalog.update_status(name, **{BACKFILL_PROGRESS: state}),
+        position_lost=lambda message, objects: _queue_backfills(catalog, name, message,
+                                                                objects))
     source = open_source(definition, Path(catalog_path).resolve().parent, hooks)
     path, change_stream = source.log_location()
     log = ChangeLog.open(path)
@@ -53,17 +62,45 @@ def run_capture(definition_json: str, catalog_path: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         source.capture(log, stop)
+    except PositionLost as error:  # no restart mends it: the runner fails the stream
+        catalog.update_status(name, **{CAPTURE_FAILED: f"{type(error).__name__}: {error}"})
     finally:
         source.close()
 
 
+def _queue_backfills(catalog: Catalog, name: str, message: str, objects: list[str]) -> None:
+    catalog.record_error(name, "*", f"{message}; going on from the source's position now "
+                                    f"and backfilling again: {', '.join(objects) or 'nothing'}")
+    catalog.update_status(name, **{BACKFILL_QUEUE: objects})
+
+
+def backfill_busy(status: dict[str, Any]) -> str | None:
+    """Why a new request to backfill an object again must wait, or None if it need not: the
+    last request is still being served, or it is done but its table is not swept yet."""
+    pending, progress = status.get(BACKFILL_REQUEST), status.get(BACKFILL_PROGRESS) or {}
+    if pending is not None and (progress.get("id") != pending["id"] or not progress["done"]):
+        return f"still backfilling {pending['object']!r} again (request {pending['id']})"
+    if progress.get("done") and not progress.get("failed") and \
+            (status.get(BACKFILL_SWEPT) or {}).get("id") != progress["id"]:
+        return (f"has backfilled {progress['object']!r} again but not yet swept its table of "
+                f"the rows the source lost (request {progress['id']}); backfill_swept names "
+                "it once the runner has")
+    return None
+
+
 def _backfill_request(catalog: Catalog, name: str) -> dict[str, Any] | None:
-    """The stream's pending request to backfill a table again; none for a stream the catalog
-    does not hold (deleted while its worker stops, or a worker run outside `cdcflow run`)."""
+    """The stream's pending request to backfill a table again, the next of its queue once
+    the last one is done and swept; none for a stream the catalog does not hold (deleted
+    while its worker stops, or a worker run outside `cdcflow run`)."""
     try:
-        request: dict[str, Any] | None = catalog.status(name).get(BACKFILL_REQUEST)
+        status = catalog.status(name)
     except NotFound:
         return None
+    request: dict[str, Any] | None = status.get(BACKFILL_REQUEST)
+    queue = status.get(BACKFILL_QUEUE) or []
+    if queue and backfill_busy(status) is None:
+        request = {"id": uuid.uuid4().hex, "object": queue[0]}
+        catalog.update_status(name, **{BACKFILL_REQUEST: request, BACKFILL_QUEUE: queue[1:]})
     return request
 
 

@@ -178,3 +178,30 @@ def test_a_restart_resumes_exactly_and_a_purged_position_is_refused(maria: Local
                                                                       source.binary_logs())
     with pytest.raises(PositionLost, match=stored.position["log_file"]):
         source.ensure_readable(log)
+
+
+def test_rolled_back_work_is_not_captured_but_myisam_statements_are(maria: LocalMariaDB,
+                                                                    tmp_path: Path):
+    """InnoDB changes of a rolled-back transaction never reach the log. A MyISAM table is not
+    transactional: the binlog holds each of its statements as a group of its own, even
+    inside a transaction rolled back later, and the capture takes it as the binlog has it."""
+    maria.sql("CREATE TABLE kept (id INT PRIMARY KEY) ENGINE=InnoDB",
+              "CREATE TABLE plain (id INT PRIMARY KEY) ENGINE=MyISAM", database="shop")
+    source = source_of(maria, tmp_path, include=("shop.kept", "shop.plain"))
+    objects = [o for o in source.discover() if o.name in ("shop.kept", "shop.plain")]
+    source.release(source.snapshot(objects, None))
+    log = ChangeLog.open(str(tmp_path / "log.db"))
+    conn = maria.connect("root", password="", database="shop")
+    conn.autocommit(False)
+    with capturing(source, log), conn.cursor() as cur:
+        for statement in ("INSERT INTO kept VALUES (1)", "INSERT INTO plain VALUES (1)",
+                          "INSERT INTO plain VALUES (2)"):
+            cur.execute(statement)
+        conn.rollback()
+        cur.execute("INSERT INTO kept VALUES (2)")
+        conn.commit()
+        wait_for_mark(source, log)
+    conn.close()
+    captured = [(m["position"]["log_position"], m["keys"]["id"]) for m in mods_in(log)]
+    assert [int(key) for _, key in captured] == [1, 2, 2], captured
+    assert len({at for at, _ in captured}) == 3  # three groups: two statements, one commit

@@ -58,18 +58,18 @@ def source_rows(pg_conn: Any) -> dict[int, dict[str, Any]]:
         return {r[0]: {"id": r[0], "v": r[1], "pad": r[2]} for r in cur.fetchall()}
 
 
-def progress(catalog: Catalog) -> dict[str, Any]:
-    return catalog.status("pg-again").get("backfill_again") or {}
+def progress(catalog: Catalog, name: str = "pg-again") -> dict[str, Any]:
+    return catalog.status(name).get("backfill_again") or {}
 
 
-def kill_worker_mid_backfill(catalog: Catalog, chunks: int) -> None:
+def kill_worker_mid_backfill(catalog: Catalog, chunks: int, name: str = "pg-again") -> None:
     """SIGKILL the capture worker once the request has done `chunks` chunks, not all."""
-    state = wait(lambda: progress(catalog).get("chunks", 0) >= chunks and progress(catalog),
-                 f"{chunks} chunks backfilled again")
+    state = wait(lambda: progress(catalog, name).get("chunks", 0) >= chunks and
+                 progress(catalog, name), f"{chunks} chunks backfilled again")
     assert not state["done"], f"the backfill ended before the kill at {chunks} chunks"
-    pid = catalog.status("pg-again")["capture"]["pid"]
+    pid = catalog.status(name)["capture"]["pid"]
     os.kill(pid, signal.SIGKILL)
-    wait(lambda: catalog.status("pg-again")["capture"].get("pid") not in (None, pid),
+    wait(lambda: catalog.status(name)["capture"].get("pid") not in (None, pid),
          "a restarted capture worker", 60)
 
 

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from cdcflow.capture.mysql.checks import missing_privileges, missing_settings
-from cdcflow.capture.mysql.position import GtidState
+from cdcflow.capture.mysql.position import GtidState, MySqlGtidSet, after_group
+from cdcflow.capture.mysql.rebackfill import file_order
 from cdcflow.capture.mysql.rows import binlog_column, shape_of
 from cdcflow.capture.mysql.types import MySqlColumn, converter, unified_type
 from cdcflow.errors import InvalidArgument, TypeMismatch
@@ -25,6 +26,30 @@ def test_gtid_state_keeps_the_newest_gtid_per_domain():
     assert GtidState.parse("").advanced("0-1-1").text() == "0-1-1"
     with pytest.raises(InvalidArgument, match="'0-1' is not domain-server-sequence"):
         GtidState.parse("0-1")
+
+
+A = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+B = "4D2B3F10-0000-11E1-9E33-C80AA9429562"
+
+
+def test_mysql_gtid_sets_merge_intervals_and_answer_containment():
+    gtids = MySqlGtidSet.parse(f"{A}:1-5:7, {B}:1-3")
+    assert gtids.text() == f"{A}:1-5:7,{B.lower()}:1-3"
+    assert gtids.added(f"{A}:6").text() == f"{A}:1-7,{B.lower()}:1-3"
+    assert after_group(gtids, f"{A}:8").text() == f"{A}:1-5:7-8,{B.lower()}:1-3"
+    assert after_group(gtids, "ANONYMOUS") == after_group(gtids, f"{A}:0") == gtids
+    assert gtids.contains(MySqlGtidSet.parse(f"{A}:2-4:7"))
+    assert gtids.contains(MySqlGtidSet.parse(""))
+    assert not gtids.contains(MySqlGtidSet.parse(f"{A}:1-6"))  # 6 was purged, never read
+    assert not gtids.contains(MySqlGtidSet.parse(f"{A}:1-5,{B}:4"))
+    assert not MySqlGtidSet.parse("").contains(gtids)
+    with pytest.raises(InvalidArgument, match="'nope:1' is not uuid"):
+        MySqlGtidSet.parse("nope:1")
+
+
+def test_binlog_positions_order_by_file_number_then_offset():
+    assert file_order("mariadb-bin.000010", 4) > file_order("mariadb-bin.000009", 99_999)
+    assert file_order("mariadb-bin.000002", 120) < file_order("mariadb-bin.000002", 121)
 
 
 def test_missing_settings_name_each_variable_and_its_fix():

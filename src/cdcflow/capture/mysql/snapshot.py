@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cdcflow.capture.mysql.catalog import MySqlTable
-from cdcflow.capture.mysql.connection import query
+from cdcflow.capture.mysql.connection import Endpoint, connect, query
 from cdcflow.capture.mysql.types import converter
 from cdcflow.capture.source import SourceObject
 from cdcflow.model.types import ColumnType, decode_value
@@ -15,6 +15,36 @@ from cdcflow.model.types import ColumnType, decode_value
 
 def quote(identifier: str) -> str:
     return "`" + identifier.replace("`", "``") + "`"
+
+
+def open_consistent(endpoint: Endpoint, mariadb: bool) -> tuple[Any, dict[str, Any]]:
+    """A connection inside a fresh consistent-snapshot transaction, and the binlog position
+    that snapshot corresponds to ({"gtid", "log_file", "log_position"}): every transaction
+    the binlog holds before it is visible, none after. MariaDB reports that position without
+    a lock (`binlog_snapshot_file`/`_position`); MySQL takes it under a brief FLUSH TABLES
+    WITH READ LOCK."""
+    conn = connect(endpoint)
+    conn.autocommit(False)
+    try:
+        if mariadb:
+            query(conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            status = dict(query(conn, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
+            log_file, offset = str(status["Binlog_snapshot_file"]), \
+                int(status["Binlog_snapshot_position"])
+            ((gtid,),) = query(conn, "SELECT BINLOG_GTID_POS(%s, %s)", (log_file, offset))
+        else:
+            query(conn, "FLUSH TABLES WITH READ LOCK", (), "locking for the snapshot (RELOAD)")
+            try:
+                query(conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                log_file, offset, _, _, gtid = (list(query(conn, "SHOW MASTER STATUS")[0])
+                                                + [None] * 5)[:5]
+            finally:
+                query(conn, "UNLOCK TABLES")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, {"gtid": str(gtid or ""), "log_file": str(log_file),
+                  "log_position": int(offset)}
 
 
 def read_chunk(conn: Any, table: MySqlTable, item: SourceObject, after: Any,

@@ -24,20 +24,18 @@ from typing import Any
 from cdcflow.capture.mysql.catalog import MySqlTable, read_tables
 from cdcflow.capture.mysql.checks import check_server
 from cdcflow.capture.mysql.connection import Endpoint, connect, query
-from cdcflow.capture.mysql.snapshot import read_chunk
+from cdcflow.capture.mysql.position import MySqlGtidSet
+from cdcflow.capture.mysql.rebackfill import file_order
+from cdcflow.capture.mysql.snapshot import open_consistent, read_chunk
 from cdcflow.capture.mysql.stream import BinlogCapture, Settings
 from cdcflow.capture.source import RowSink, Snapshot, SourceObject, WorkerHooks
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import FailedPrecondition, InvalidArgument
+from cdcflow.errors import FailedPrecondition, InvalidArgument, PositionLost
 from cdcflow.model.source import MYSQL
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store.changelog import ChangeLog
 
 CHANGE_STREAM = "changes"
-
-
-class PositionLost(FailedPrecondition):
-    """The binlog holding a stored position has been purged: its changes are gone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +50,9 @@ class MySqlConfig:
     exclude: tuple[str, ...] = ()
     chunk_rows: int = 5_000
     heartbeat_seconds: float = 1.0
+    on_position_lost: str = "fail"
+    """"fail": the capture stops with PositionLost; "backfill": it starts over from the
+    server's position now and every table is backfilled again."""
 
     def selects(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.include) and not any(
@@ -61,11 +62,6 @@ class MySqlConfig:
 def default_server_id(stream: str) -> int:
     """A replica server_id derived from the stream's name (distinct from common small ids)."""
     return 100_000 + zlib.crc32(stream.encode()) % 1_000_000_000
-
-
-def file_order(log_file: str, position: int) -> tuple[int, int]:
-    """A binlog position as numbers: the file's sequence suffix, then the offset."""
-    return int(log_file.rsplit(".", 1)[-1]), int(position)
 
 
 class MySqlSource:
@@ -128,24 +124,8 @@ class MySqlSource:
     def _open_snapshot(self) -> dict[str, Any]:
         """Start the snapshot's transaction; return the binlog position it corresponds to."""
         self.release(None)
-        conn = connect(self.config.endpoint)
-        conn.autocommit(False)
-        if self.mariadb:
-            query(conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            status = dict(query(conn, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
-            log_file, offset = str(status["Binlog_snapshot_file"]), \
-                int(status["Binlog_snapshot_position"])
-            ((gtid,),) = query(conn, "SELECT BINLOG_GTID_POS(%s, %s)", (log_file, offset))
-        else:
-            query(conn, "FLUSH TABLES WITH READ LOCK", (), "locking for the snapshot (RELOAD)")
-            try:
-                query(conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-                log_file, offset, _, _, gtid = (list(query(conn, "SHOW MASTER STATUS")[0])
-                                                + [None] * 5)[:5]
-            finally:
-                query(conn, "UNLOCK TABLES")
-        self._snapshot = conn
-        return {"gtid": str(gtid or ""), "log_file": str(log_file), "log_position": int(offset)}
+        self._snapshot, position = open_consistent(self.config.endpoint, self.mariadb)
+        return position
 
     def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink,
                  resume: dict[str, Any] | None = None) -> None:
@@ -172,10 +152,15 @@ class MySqlSource:
 
     def capture(self, log: ChangeLog, stop: threading.Event) -> None:
         mariadb = self.mariadb
-        self.ensure_readable(log)
+        try:
+            self.ensure_readable(log)
+        except PositionLost as lost:
+            if self.config.on_position_lost != "backfill":
+                raise
+            self._start_over(log, str(lost))
         settings = Settings(self.source_id, self.config.endpoint, self.config.server_id,
                             self.config.databases, self.config.selects, mariadb,
-                            self.config.heartbeat_seconds)
+                            self.config.heartbeat_seconds, self.config.chunk_rows, self.hooks)
         with log.checkpoints_in_background():
             BinlogCapture(settings, log).run(stop)
 
@@ -185,17 +170,43 @@ class MySqlSource:
 
     def ensure_readable(self, log: ChangeLog) -> None:
         """PositionLost if the binlog file of the stored position is no longer on the server
-        (purged): reading on would skip every change it held."""
+        (purged), or, on MySQL with GTIDs, if `gtid_purged` holds transactions the stored
+        GTID set lacks: reading on would skip every change they held."""
         stored = log.position(self.source_id)
         if stored is None:
             raise FailedPrecondition(f"no binlog position is stored for {self.source_id}; "
                                      "a backfill sets it")
         where = stored.position
-        if where["log_file"] not in self.binary_logs():
+        gone = where["log_file"] not in self.binary_logs()
+        if not gone and not self.mariadb and where.get("gtid"):
+            ((purged,),) = query(self._conn(), "SELECT @@GLOBAL.gtid_purged", (),
+                                 "reading gtid_purged")
+            gone = not MySqlGtidSet.parse(str(where["gtid"])).contains(
+                MySqlGtidSet.parse(str(purged or "")))
+        if gone:
             raise PositionLost(
                 f"binlog position {where['log_file']}:{where['log_position']} (GTID "
                 f"{where.get('gtid') or '-'}) is no longer on the server: its binary log was "
-                "purged, so the changes after it are lost. Backfill the stream again")
+                "purged, so the changes after it are lost. Set on_position_lost: backfill in "
+                "the stream's source to go on from now and backfill every table again, or "
+                "delete the stream and create it again")
+
+    def _start_over(self, log: ChangeLog, why: str) -> None:
+        """on_position_lost: backfill. First the stream hears which tables to backfill again
+        (so a kill after it only repeats this), then the position jumps to the server's
+        position now: capture goes on from there while those tables are read again and
+        the rows the source lost meanwhile are swept from their tables."""
+        objects = [o for o in self.discover() if self.config.selects(o.name)]
+        for item in objects:
+            if not item.primary_key:
+                self.hooks.report(item.name, f"{item.name} has no primary key: the changes "
+                                  "lost with the binlog position are not recovered for it")
+        self.hooks.position_lost(why, sorted(o.name for o in objects if o.primary_key))
+        conn, now = open_consistent(self.config.endpoint, self.mariadb)
+        conn.rollback()
+        conn.close()
+        stored = log.position(self.source_id)
+        log.advance(self.source_id, None if stored is None else stored.position, now)
 
     def mark(self) -> dict[str, Any]:
         """The server's binlog position now (see `reached`)."""

@@ -8,6 +8,9 @@ after it, `{"gtid", "log_file", "log_position"}`, in the same log transaction as
 exactly the groups after it), or from the stored file and position on MySQL, so no
 transaction is appended twice or skipped.
 
+Between two transactions (and at the server's heartbeats, when idle) the loop serves a
+request to backfill one table again (see `rebackfill`).
+
 Column names and types come from each row event's table map (the server's
 `binlog_row_metadata=FULL`), never from the current schema: an event written before an ALTER
 decodes with the columns it was written with.
@@ -17,19 +20,28 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from cdcflow.capture.mysql.connection import Endpoint
-from cdcflow.capture.mysql.position import GtidState
+from cdcflow.capture.mysql.position import GtidState, MySqlGtidSet, after_group
+from cdcflow.capture.mysql.rebackfill import Rebackfill
 from cdcflow.capture.mysql.rows import RowShape, shape_of
+from cdcflow.capture.source import WorkerHooks
+from cdcflow.clock import SYSTEM_CLOCK
+from cdcflow.errors import InvalidArgument, TypeMismatch
 from cdcflow.model.changes import SourceChange, SourceTransaction
 from cdcflow.model.source import MYSQL, SourceMetadata
+from cdcflow.model.timestamps import to_micros
 from cdcflow.store.changelog import ChangeLog
 
 STANDALONE = 1  # MariaDB GTID flag: a group without XID/COMMIT (DDL)
+CHUNKS_AT_ONCE = 8
+"""Chunks of a table backfilled again that are read and appended in a row while the capture
+is caught up, before it reads the binlog again."""
 
 
 @dataclass(slots=True)
@@ -43,6 +55,8 @@ class Settings:
     selected: Callable[[str], bool]
     mariadb: bool
     heartbeat_seconds: float = 1.0
+    chunk_rows: int = 5_000
+    hooks: WorkerHooks = field(default_factory=WorkerHooks)
 
 
 @dataclass(slots=True)
@@ -64,15 +78,23 @@ class BinlogCapture:
         if stored is None:
             raise AssertionError("a MySQL capture starts from the position its snapshot set")
         self.after: dict[str, Any] = stored.position
-        self.gtid = GtidState.parse(str(self.after.get("gtid") or ""))
+        text = str(self.after.get("gtid") or "")
+        self.gtid: GtidState | MySqlGtidSet = GtidState.parse(text) if settings.mariadb \
+            else MySqlGtidSet.parse(text)
         self.group: _Group | None = None
         self.shapes: dict[tuple[int, tuple[str, ...]], RowShape] = {}
         self.stream: Any = None
+        self.again = Rebackfill(settings.endpoint, settings.mariadb, settings.chunk_rows,
+                                self.after.get("rebackfill"))
+        self.requests_due = 0.0
+        if self.again.state is not None:  # it may not have been heard before a restart
+            settings.hooks.progress(self.again.state)
 
     def _open(self) -> Any:
         from pymysqlreplication import BinLogStreamReader
         from pymysqlreplication.event import (
             GtidEvent,
+            HeartbeatLogEvent,
             MariadbGtidEvent,
             QueryEvent,
             RotateEvent,
@@ -89,7 +111,8 @@ class BinlogCapture:
             "server_id": self.settings.server_id, "blocking": True,
             "slave_heartbeat": self.settings.heartbeat_seconds,
             "only_events": [MariadbGtidEvent, GtidEvent, QueryEvent, RotateEvent, XidEvent,
-                            WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+                            WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
+                            HeartbeatLogEvent],
             "enable_logging": False,
         }
         if self.settings.mariadb:
@@ -130,6 +153,8 @@ class BinlogCapture:
                 self.stream.close()
 
     def _handle(self, event: Any) -> None:
+        if self.group is None:
+            self._between_transactions()
         name = type(event).__name__
         if name in ("MariadbGtidEvent", "GtidEvent"):
             standalone = bool(getattr(event, "flags", 0) & STANDALONE) if \
@@ -150,8 +175,25 @@ class BinlogCapture:
             return
         if word == "ROLLBACK":
             self.group = None
-        elif word == "COMMIT" or self.group.standalone:
+            return
+        if word == "TRUNCATE":
+            self._truncated(text, event.schema)
+        if word == "COMMIT" or self.group.standalone:
             self._commit(int(event.timestamp))
+
+    def _truncated(self, text: str, schema: Any) -> None:
+        """A TRUNCATE is a statement in the binlog, without rows: say it is not applied."""
+        words = text.replace("`", "").split()[1:]
+        if words and words[0].upper() == "TABLE":
+            words = words[1:]
+        if not words:
+            return
+        default = schema.decode() if isinstance(schema, bytes) else str(schema or "")
+        name = words[0].rstrip(";") if "." in words[0] else f"{default}.{words[0].rstrip(';')}"
+        if name.split(".", 1)[0] in self.settings.databases and self.settings.selected(name):
+            self.settings.hooks.report(name, (
+                f"TRUNCATE of {name} was not applied: a CDC table keeps its rows; backfill "
+                "the table again to match the source"))
 
     def _rows(self, event: Any) -> None:
         table = f"{event.schema}.{event.table}"
@@ -176,9 +218,10 @@ class BinlogCapture:
         group, self.group = self.group, None
         if group is None:
             return
-        self.gtid = self.gtid.advanced(group.gtid) if self.settings.mariadb else self.gtid
-        position = {"gtid": self.gtid.text() if self.settings.mariadb else group.gtid,
-                    "log_file": self.stream.log_file, "log_position": int(self.stream.log_pos)}
+        self.gtid = after_group(self.gtid, group.gtid)
+        position = self._position({
+            "gtid": self.gtid.text(),
+            "log_file": self.stream.log_file, "log_position": int(self.stream.log_pos)})
         if group.changes:
             metadata = SourceMetadata(MYSQL.cdc_method,
                                       datetime.fromtimestamp(timestamp or group.timestamp, UTC),
@@ -192,3 +235,62 @@ class BinlogCapture:
         self.after = position
         if self.settings.mariadb:  # a reconnect inside the library resumes from here
             self.stream.auto_position = self.gtid.text()
+        self._between_transactions()
+
+    # ---- backfilling a table again --------------------------------------------------------
+
+    def _position(self, where: dict[str, Any]) -> dict[str, Any]:
+        """A source position: where a restart streams from, and the progress of a table
+        being backfilled again."""
+        if self.again.state is not None:
+            return where | {"rebackfill": dict(self.again.state)}  # a copy: state moves on
+        return where
+
+    def _between_transactions(self) -> None:
+        """Append the held chunk once the capture has passed its snapshot, and read the next
+        one; look for a new request every second."""
+        for _ in range(CHUNKS_AT_ONCE):
+            if self.again.chunk is not None:
+                if not self.again.ready(self.stream.log_file, int(self.stream.log_pos or 0)):
+                    return
+                self._append_chunk()
+            elif not self._next_chunk():
+                return
+
+    def _next_chunk(self) -> bool:
+        """Read the next chunk of the request served (taking a new request if one waits)."""
+        if not self.again.busy:
+            if time.monotonic() < self.requests_due:
+                return False
+            self.requests_due = time.monotonic() + 1.0
+            self.again.take(self.settings.hooks.requests(),
+                            to_micros(self.log.current_timestamp()) + 1)
+            if not self.again.busy:
+                return False
+        try:
+            self.again.read_next()
+        except (InvalidArgument, TypeMismatch) as error:  # the table went, lost its key...
+            self._rebackfill_failed(str(error))
+            return False
+        return True
+
+    def _append_chunk(self) -> None:
+        transaction = self.again.finish(SYSTEM_CLOCK.now())
+        position = self._position({k: v for k, v in self.after.items() if k != "rebackfill"})
+        if transaction is not None:
+            self.log.append(self.settings.source_id, transaction, self.after, position)
+        else:
+            self.log.advance(self.settings.source_id, self.after, position)
+        self.after = position
+        assert self.again.state is not None
+        self.settings.hooks.progress(self.again.state)
+
+    def _rebackfill_failed(self, why: str) -> None:
+        """End the request as failed, durably (a restart must not try it again), and say so."""
+        assert self.again.state is not None
+        self.again.state = self.again.state | {"done": True, "failed": why}
+        position = self._position({k: v for k, v in self.after.items() if k != "rebackfill"})
+        self.log.advance(self.settings.source_id, self.after, position)
+        self.after = position
+        self.settings.hooks.report(self.again.state["object"], why)
+        self.settings.hooks.progress(self.again.state)

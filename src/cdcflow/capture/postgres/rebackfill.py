@@ -30,7 +30,7 @@ import psycopg2.errors
 from cdcflow.capture.postgres.catalog import TypeCache, read_tables, source_object
 from cdcflow.capture.postgres.pgoutput import lsn_text
 from cdcflow.capture.postgres.snapshot import read_chunk
-from cdcflow.capture.source import SourceObject
+from cdcflow.capture.source import SourceObject, taken_request
 from cdcflow.errors import InvalidArgument
 from cdcflow.model.changes import SourceChange, SourceTransaction
 from cdcflow.model.source import POSTGRES, SourceMetadata
@@ -107,17 +107,11 @@ class Rebackfill:
     """(transaction id, keys) of the latest streamed changes of the table being read."""
 
     def take(self, request: dict[str, Any] | None, since: int) -> None:
-        """Start serving `request` ({"id", "object"}) unless it is the one served already.
-        `since` (log micros) is below every commit the log will take from now on: after the
-        last chunk, a row of the table whose latest change is older is gone from the source
-        (see `cdcflow.table.CdcTable.delete_older_than`)."""
-        if request is None or self.busy or (self.state is not None and
-                                            self.state["id"] == request["id"]):
-            return  # one request at a time: a newer one waits until this is done
-        self.state = {"id": request["id"], "object": request["object"], "after": None,
-                      "chunks": 0, "rows": 0, "done": False, "since": since}
-        self.item = None
-        self.recent.clear()
+        """Start serving `request` unless it waits or was served (`taken_request`)."""
+        taken = taken_request(self.state, request, since)
+        if taken is not None:
+            self.state, self.item = taken, None
+            self.recent.clear()
 
     @property
     def busy(self) -> bool:
