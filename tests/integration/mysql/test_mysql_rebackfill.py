@@ -39,7 +39,9 @@ def write_definition(folder: Path, name: str, maria: LocalMariaDB, **source: Any
         "source": {"kind": "mysql", "host": "127.0.0.1", "port": maria.port, "user": "cdc",
                    "password_env": "CDCFLOW_TEST_MYSQL_PASSWORD", "databases": ["shop"],
                    "heartbeat_seconds": 0.5, **source},
-        "destinations": [{"kind": "cdc_table", "warehouse": str(folder / name / "warehouse")}],
+        "destinations": [{"kind": "cdc_table", "warehouse": str(folder / name / "warehouse")},
+                         {"kind": "event_files", "root": str(folder / name / "events"),
+                          "format": "avro"}],
         "spark": {"trigger_seconds": 0.3}}))
     return definition
 
@@ -219,3 +221,25 @@ def test_a_purged_binlog_fails_the_stream_or_backfills_it_again(
     warehouse = tmp_path / "lost-again" / "warehouse"
     for table in ("items", "parts"):
         assert table_rows(warehouse / f"shop.{table}") == source_rows(maria, table), table
+    events = avro_events(tmp_path / "lost-again" / "events", "lost-again")
+    again = [e for e in events if e.read_method == "mysql-backfill-fulldump" and
+             e.object == "shop.items" and e.payload["id"] == 1]
+    assert sorted(e.payload["v"] for e in again) == [-1, 1]  # first backfill, then again
+    streamed = [e for e in events if e.read_method == "mysql-cdc-binlog"]
+    assert [(e.payload["pad"], e.source_metadata["change_type"]) for e in streamed] == \
+        [("streamed", "UPDATE-INSERT")]
+    metadata = streamed[0].source_metadata
+    assert (metadata["database"], metadata["table"], metadata["is_deleted"]) == \
+        ("shop", "parts", False) and metadata["log_file"].startswith("mariadb-bin.")
+
+
+def avro_events(root: Path, stream: str) -> list[Any]:
+    """Every event of the stream's Avro files, in file order."""
+    from cdcflow.events.avro_format import read_avro
+    from cdcflow.events.files import EventFileWriter
+
+    events = []
+    for path in EventFileWriter(root, stream).committed_files():
+        with open(path, "rb") as source:
+            events += list(read_avro(source))
+    return events

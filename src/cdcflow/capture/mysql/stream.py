@@ -1,12 +1,15 @@
 """The capture loop: a row-based binlog, read through mysql-replication, into the change log.
 
 A transaction is the group between a GTID event and its XID (or COMMIT) event; a DDL is a
-standalone GTID group of one query. Each committed group is appended with the source position
-after it, `{"gtid", "log_file", "log_position"}`, in the same log transaction as its records
-(`ChangeLog.append`); a group that touches no watched table only moves the position
-(`advance`). A restart streams from the stored GTID state on MariaDB (the server then sends
-exactly the groups after it), or from the stored file and position on MySQL, so no
-transaction is appended twice or skipped.
+standalone GTID group of one query. Committed groups are appended with the source position
+after the last of them, `{"gtid", "log_file", "log_position"}`, in the same log transaction
+as their records (`ChangeLog.append_many`); groups that touch no watched table only move the
+position (`advance`). While the server has more to send (the socket is readable), up to
+BATCH_TRANSACTIONS groups or BATCH_SECONDS share one log transaction, so a capture that is
+behind pays one commit for many; once the socket is drained, the batch is appended at once.
+A restart streams from the stored GTID state on MariaDB (the server then sends exactly the
+groups after it), or from the stored file and position on MySQL, so no transaction is
+appended twice or skipped.
 
 Between two transactions (and at the server's heartbeats, when idle) the loop serves a
 request to backfill one table again (see `rebackfill`).
@@ -19,6 +22,7 @@ decodes with the columns it was written with.
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +43,7 @@ from cdcflow.model.timestamps import to_micros
 from cdcflow.store.changelog import ChangeLog
 
 STANDALONE = 1  # MariaDB GTID flag: a group without XID/COMMIT (DDL)
+BATCH_TRANSACTIONS, BATCH_CHANGES, BATCH_SECONDS = 500, 5_000, 0.1
 CHUNKS_AT_ONCE = 8
 """Chunks of a table backfilled again that are read and appended in a row while the capture
 is caught up, before it reads the binlog again."""
@@ -87,6 +92,9 @@ class BinlogCapture:
         self.again = Rebackfill(settings.endpoint, settings.mariadb, settings.chunk_rows,
                                 self.after.get("rebackfill"))
         self.requests_due = 0.0
+        self.batch: list[SourceTransaction] = []
+        self.batch_changes, self.batch_due = 0, 0.0
+        self.unsaved: dict[str, Any] | None = None  # the position after the batch
         if self.again.state is not None:  # it may not have been heard before a restart
             settings.hooks.progress(self.again.state)
 
@@ -138,14 +146,17 @@ class BinlogCapture:
         watcher.start()
         try:
             while not stop.is_set():
+                if self.unsaved is not None and self._batch_due():
+                    self._flush()
                 try:
                     event = self.stream.fetchone()
                 except Exception:
                     if stop.is_set():
-                        return
+                        break
                     raise
                 if event is not None:
                     self._handle(event)
+            self._flush()
         finally:
             finished.set()
             watcher.join()
@@ -227,15 +238,39 @@ class BinlogCapture:
                                       datetime.fromtimestamp(timestamp or group.timestamp, UTC),
                                       group.gtid, {"log_file": position["log_file"],
                                                    "log_position": position["log_position"]})
-            self.log.append(self.settings.source_id,
-                            SourceTransaction(metadata, tuple(group.changes)), self.after,
-                            position)
-        else:
-            self.log.advance(self.settings.source_id, self.after, position)
-        self.after = position
+            if not self.batch:
+                self.batch_due = time.monotonic() + BATCH_SECONDS
+            self.batch.append(SourceTransaction(metadata, tuple(group.changes)))
+            self.batch_changes += len(group.changes)
+        self.unsaved = position
         if self.settings.mariadb:  # a reconnect inside the library resumes from here
             self.stream.auto_position = self.gtid.text()
         self._between_transactions()
+
+    def _batch_due(self) -> bool:
+        """Append now unless the server has more to send at once and the batch is small."""
+        return not self._more_waiting() or len(self.batch) >= BATCH_TRANSACTIONS or \
+            self.batch_changes >= BATCH_CHANGES or time.monotonic() >= self.batch_due
+
+    def _more_waiting(self) -> bool:
+        """The binlog connection's socket has bytes to read (a read would not wait)."""
+        sock = getattr(getattr(self.stream, "_stream_connection", None), "_sock", None)
+        if sock is None:
+            return False
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable)
+
+    def _flush(self) -> None:
+        """Append the batch of committed groups (one log transaction for all), or store the
+        position they moved to."""
+        if self.unsaved is None:
+            return
+        if self.batch:
+            self.log.append_many(self.settings.source_id, self.batch, self.after, self.unsaved)
+        else:
+            self.log.advance(self.settings.source_id, self.after, self.unsaved)
+        self.after, self.unsaved = self.unsaved, None
+        self.batch, self.batch_changes = [], 0
 
     # ---- backfilling a table again --------------------------------------------------------
 
@@ -263,6 +298,7 @@ class BinlogCapture:
             if time.monotonic() < self.requests_due:
                 return False
             self.requests_due = time.monotonic() + 1.0
+            self._flush()  # the request's state rides in the positions from here on
             self.again.take(self.settings.hooks.requests(),
                             to_micros(self.log.current_timestamp()) + 1)
             if not self.again.busy:
@@ -275,6 +311,7 @@ class BinlogCapture:
         return True
 
     def _append_chunk(self) -> None:
+        self._flush()  # the chunk comes after every group before its position
         transaction = self.again.finish(SYSTEM_CLOCK.now())
         position = self._position({k: v for k, v in self.after.items() if k != "rebackfill"})
         if transaction is not None:
@@ -288,6 +325,7 @@ class BinlogCapture:
     def _rebackfill_failed(self, why: str) -> None:
         """End the request as failed, durably (a restart must not try it again), and say so."""
         assert self.again.state is not None
+        self._flush()
         self.again.state = self.again.state | {"done": True, "failed": why}
         position = self._position({k: v for k, v in self.after.items() if k != "rebackfill"})
         self.log.advance(self.settings.source_id, self.after, position)
