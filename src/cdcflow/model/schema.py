@@ -25,20 +25,25 @@ KEY_HASH_SPACE: Final = 1 << 62
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """One column: name, type, NOT NULL, and whether it takes the commit-timestamp placeholder."""
+    """One column: name, type, NOT NULL, whether it takes the commit-timestamp placeholder,
+    and for a stored generated column its expression (`cdcflow.model.expressions`)."""
 
     name: str
     type: ColumnType
     not_null: bool = False
     allow_commit_timestamp: bool = False
+    generated: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        found = {
             "name": self.name,
             "type": self.type.to_json() | _length_json(self.type),
             "not_null": self.not_null,
             "allow_commit_timestamp": self.allow_commit_timestamp,
         }
+        if self.generated is not None:
+            found["generated"] = self.generated
+        return found
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Column:
@@ -47,6 +52,7 @@ class Column:
             type=_type_from_json(data["type"]),
             not_null=data["not_null"],
             allow_commit_timestamp=data["allow_commit_timestamp"],
+            generated=data.get("generated"),
         )
 
 

@@ -28,8 +28,10 @@ from cdcflow.store.ddl import (
     DropTable,
     Statement,
     StreamScope,
+    check_generated,
     parse_duration_micros,
 )
+from cdcflow.store.mutations import generated_values, table_shape
 from cdcflow.store.sqlite import create_row_storage, read_meta, storage_name, write_meta
 
 DEFAULT_RETENTION = "1d"
@@ -123,10 +125,13 @@ def apply_statement(
                     "existing rows would hold NULL"
                 )
             grown = replace(schema, columns=(*schema.columns, column))
+            check_generated(table, grown.columns, grown.primary_key)
             conn.execute(
                 "UPDATE _tables SET schema = ? WHERE name = ?",
                 (json.dumps(grown.to_json()), table),
             )
+            if column.generated is not None:
+                _fill_generated(conn, catalog.storage(table), grown)
         case CreateChangeStream(name, scope, options):
             _check_user_name(name, "change stream")
             create_stream(conn, catalog, name, scope, options, now_micros, initial_partitions)
@@ -135,6 +140,20 @@ def apply_statement(
         case DropChangeStream(name):
             drop_stream(conn, catalog, name)
     bump_schema_version(conn)
+
+
+def _fill_generated(conn: sqlite3.Connection, storage: str, schema: TableSchema) -> None:
+    """A generated column added to a table with rows: every stored version gets the value
+    its own columns give (a schema change writes no change record, as in Spanner)."""
+    shape = table_shape(schema)
+    versions = conn.execute(f"SELECT key, commit_micros, row FROM {storage} "
+                            "WHERE deleted = 0").fetchall()
+    updates = []
+    for key, micros, text in versions:
+        row = json.loads(text)
+        updates.append((json.dumps(row | generated_values(shape, row)), key, micros))
+    conn.executemany(f"UPDATE {storage} SET row = ? WHERE key = ? AND commit_micros = ?",
+                     updates)
 
 
 def bump_schema_version(conn: sqlite3.Connection) -> None:

@@ -128,8 +128,11 @@ def _net_changes(
         if mutation.kind == "replace":
             change.written |= table_shape(schema).non_key
         elif mutation.kind != "delete":
-            key = table_shape(schema).key
-            change.written.update(name for name in mutation.values if name not in key)
+            shape = table_shape(schema)
+            change.written.update(name for name in mutation.values if name not in shape.key)
+            if shape.generated and change.after is not None:  # a computed value that moved
+                change.written.update(c.name for c, _ in shape.generated if change.before is None
+                                      or change.before.get(c.name) != change.after.get(c.name))
     return [c for c in changes.values() if not (c.before is None and c.after is None)]
 
 

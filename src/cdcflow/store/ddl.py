@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from cdcflow.errors import DdlError
+from cdcflow.model.expressions import parse_expression
 from cdcflow.model.schema import MAX_PRIMARY_KEY_COLUMNS, Column, TableSchema
 from cdcflow.model.types import ColumnType
 
@@ -193,9 +194,29 @@ class _Parser:
         self.expect_sym(")")
         return tuple(pairs)
 
+    def generated(self) -> str | None:
+        """`AS (expression) STORED`: the expression's text, checked by its parser."""
+        if not self.accept_word("AS"):
+            return None
+        self.expect_sym("(")
+        depth, parts = 1, []
+        while depth:
+            if self.index >= len(self.tokens):
+                raise self.error("')' closing the generated column's expression")
+            token = self.tokens[self.index]
+            self.index += 1
+            depth += {"(": 1, ")": -1}.get(token.text, 0) if token.kind == "sym" else 0
+            if depth:
+                parts.append(_token_text(token))
+        self.expect_word("STORED")
+        text = " ".join(parts)
+        parse_expression(text)
+        return text
+
     def column(self) -> Column:
         name = self.name()
         ctype = self.column_type()
+        generated = self.generated()
         not_null = self.accept_word("NOT", "NULL")
         allow_commit_timestamp = False
         if self.accept_word("OPTIONS"):
@@ -209,7 +230,10 @@ class _Parser:
                 allow_commit_timestamp = value.lower() == "true"
         if allow_commit_timestamp and ctype.code != "TIMESTAMP":
             raise DdlError(f"allow_commit_timestamp needs a TIMESTAMP column, not {name!r}")
-        return Column(name, ctype, not_null, allow_commit_timestamp)
+        if generated is not None and (not_null or allow_commit_timestamp):
+            raise DdlError(f"generated column {name!r} takes neither NOT NULL nor "
+                           "allow_commit_timestamp")
+        return Column(name, ctype, not_null, allow_commit_timestamp, generated)
 
     def create_table(self) -> CreateTable:
         name = self.name()
@@ -300,6 +324,35 @@ class _Parser:
         return AlterChangeStream(name, None, options)
 
 
+def _token_text(token: Token) -> str:
+    """A token as expression text again (names quoted when they are not plain)."""
+    if token.kind == "quoted":
+        return f"`{token.text}`"
+    if token.kind == "string":
+        return f"'{token.text}'" if "'" not in token.text else f'"{token.text}"'
+    return token.text
+
+
+def check_generated(table: str, columns: list[Column] | tuple[Column, ...],
+                    key: list[str] | tuple[str, ...]) -> None:
+    """A generated column's expression names only the table's columns that are not
+    generated themselves."""
+    plain = {c.name for c in columns if c.generated is None}
+    for column in columns:
+        if column.generated is None:
+            continue
+        if column.name in key:
+            raise DdlError(f"generated column {column.name!r} of table {table!r} cannot be "
+                           "part of its primary key")
+        unknown = sorted(parse_expression(column.generated).columns() - plain)
+        if unknown:
+            raise DdlError(f"generated column {column.name!r} of table {table!r} refers to "
+                           f"{unknown}, which are not columns of it that are not generated")
+        if column.type.code not in ("INT64", "STRING", "BOOL", "BYTES"):
+            raise DdlError(f"generated column {column.name!r} must be INT64, STRING, BOOL or "
+                           f"BYTES, not {column.type.ddl()}")
+
+
 def _checked_schema(name: str, columns: list[Column], key: list[str]) -> TableSchema:
     names = [c.name for c in columns]
     if not columns:
@@ -316,6 +369,7 @@ def _checked_schema(name: str, columns: list[Column], key: list[str]) -> TableSc
             raise DdlError(f"primary key column {part!r} is not a column of table {name!r}")
     if len(set(key)) != len(key):
         raise DdlError(f"primary key of table {name!r} repeats a column: {key}")
+    check_generated(name, columns, key)
     for column in columns:
         if column.name in key and column.type.code in ("ARRAY", "JSON"):
             raise DdlError(

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cdcflow.errors import AlreadyExists, InvalidArgument, NotFound, NotNullViolation
+from cdcflow.model.expressions import Expression, parse_expression
 from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.schema import Column, TableSchema
 from cdcflow.model.types import (
     COMMIT_TIMESTAMP,
     ColumnType,
+    decode_value,
     encode_value,
     quick_check,
     validate_value,
@@ -46,6 +48,8 @@ class TableShape:
     non_key: frozenset[str]
     quick: dict[str, Callable[[Any], bool]]
     """Per column, a cheap test that a value surely passes `validate_value` unchanged."""
+    generated: tuple[tuple[Column, Expression], ...]
+    """The stored generated columns, with their parsed expressions."""
 
 
 def _shape_of(schema: TableSchema) -> TableShape:
@@ -58,6 +62,8 @@ def _shape_of(schema: TableSchema) -> TableShape:
         not_null=tuple(c.name for c in schema.columns if c.not_null),
         non_key=frozenset(columns) - frozenset(schema.primary_key),
         quick={name: quick_check(c.type) for name, c in columns.items()},
+        generated=tuple((c, parse_expression(c.generated)) for c in schema.columns
+                        if c.generated is not None),
     )
 
 
@@ -82,6 +88,10 @@ def validate_mutation(schema: TableSchema, mutation: Mutation) -> Mutation:
             f"delete on {schema.name!r} takes only key columns {list(schema.primary_key)}, "
             f"got {sorted(values)}"
         )
+    written = [column.name for column, _ in shape.generated if column.name in values]
+    if written:
+        raise InvalidArgument(f"{mutation.kind} on {schema.name!r} writes generated columns "
+                              f"{written}; their values come from their expressions")
     checked: dict[str, Any] = {}
     quick = shape.quick
     for name, value in values.items():
@@ -160,6 +170,8 @@ def apply_mutation(
             return None
         case _:
             raise InvalidArgument(f"unknown mutation kind {kind!r}; use one of {KINDS}")
+    if shape.generated:
+        new |= generated_values(shape, new)
     absent = [name for name in shape.not_null if new.get(name) is None]
     if absent:
         raise NotNullViolation(
@@ -168,6 +180,19 @@ def apply_mutation(
             f"{absent} NULL"
         )
     return new
+
+
+def generated_values(shape: TableShape, row: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-encoded values of the generated columns of a JSON-encoded row."""
+    names = set().union(*(expression.columns() for _, expression in shape.generated))
+    decoded = {name: None if row.get(name) is None else decode_value(row[name],
+                                                                       shape.types[name])
+               for name in names}
+    found = {}
+    for column, expression in shape.generated:
+        value = validate_value(expression.evaluate(decoded), column.type, column.name)
+        found[column.name] = None if value is None else encode_value(value, column.type)
+    return found
 
 
 def _key_text(schema: TableSchema, mutation: Mutation) -> dict[str, Any]:
