@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cdcflow.errors import AlreadyExists, DdlError, FailedPrecondition, NotFound
@@ -18,19 +19,22 @@ from cdcflow.model.schema import (
     check_retention,
     check_value_capture_type,
 )
-from cdcflow.store import log, partition_map
+from cdcflow.store import indexes, log, partition_map
 from cdcflow.store.ddl import (
     AddColumn,
     AlterChangeStream,
     CreateChangeStream,
+    CreateIndex,
     CreateTable,
     DropChangeStream,
+    DropIndex,
     DropTable,
     Statement,
     StreamScope,
-    check_generated,
     parse_duration_micros,
 )
+from cdcflow.store.ddl_rules import check_generated
+from cdcflow.store.indexes import IndexDef
 from cdcflow.store.mutations import generated_values, table_shape
 from cdcflow.store.sqlite import create_row_storage, read_meta, storage_name, write_meta
 
@@ -45,6 +49,7 @@ class Catalog:
     version: int
     tables: dict[str, tuple[TableSchema, str]]
     streams: dict[str, ChangeStreamDef]
+    indexes: dict[str, IndexDef] = field(default_factory=dict)
 
     def table(self, name: str) -> TableSchema:
         if name not in self.tables:
@@ -64,6 +69,14 @@ class Catalog:
     def streams_watching(self, table: str) -> list[ChangeStreamDef]:
         return [s for s in self.streams.values() if s.watches(table)]
 
+    def index(self, name: str) -> IndexDef:
+        if name not in self.indexes:
+            raise NotFound(f"index {name!r} does not exist; indexes are {sorted(self.indexes)}")
+        return self.indexes[name]
+
+    def indexes_on(self, table: str) -> list[IndexDef]:
+        return [i for i in self.indexes.values() if i.table == table]
+
 
 def load_catalog(conn: sqlite3.Connection, version: int) -> Catalog:
     tables = {
@@ -74,7 +87,12 @@ def load_catalog(conn: sqlite3.Connection, version: int) -> Catalog:
         name: ChangeStreamDef.from_json(json.loads(definition))
         for name, definition in conn.execute("SELECT name, definition FROM _streams")
     }
-    return Catalog(version, tables, streams)
+    indexes = {
+        name: IndexDef.from_json(name, storage, json.loads(definition))
+        for name, definition, storage in conn.execute(
+            "SELECT name, definition, storage FROM _indexes")
+    }
+    return Catalog(version, tables, streams, indexes)
 
 
 def next_commit_micros(conn: sqlite3.Connection, now_micros: int, count: int = 1) -> int:
@@ -139,7 +157,52 @@ def apply_statement(
             _alter_stream(conn, catalog, name, scope, options)
         case DropChangeStream(name):
             drop_stream(conn, catalog, name)
+        case CreateIndex(name, table, columns, null_filtered):
+            _create_index(conn, catalog, name, table, columns, null_filtered)
+        case DropIndex(name):
+            _drop_index(conn, catalog.index(name))
     bump_schema_version(conn)
+
+
+def _create_index(conn: sqlite3.Connection, catalog: Catalog, name: str, table: str,
+                  columns: tuple[str, ...], null_filtered: bool) -> None:
+    """A new index, filled from the table's newest rows in the same transaction."""
+    _check_user_name(name, "index")
+    if name in catalog.indexes or name in catalog.tables:
+        raise AlreadyExists(f"index or table {name!r} exists already")
+    schema = catalog.table(table)
+    number = int(read_meta(conn)["storage_counter"]) + 1
+    index = IndexDef(name, table, columns, null_filtered, f"index_{number}")
+    indexes.check_index(index, schema)
+    indexes.create_storage(conn, index)
+    conn.execute("INSERT INTO _indexes(name, definition, storage) VALUES (?, ?, ?)",
+                 (name, json.dumps(index.to_json()), index.storage))
+    write_meta(conn, {"storage_counter": number})
+    storage = catalog.storage(table)
+    newest = conn.execute(f"SELECT key, deleted, row, MAX(commit_micros) FROM {storage} "
+                          "GROUP BY key").fetchall()
+    indexes.write_entries(conn, index, schema, ((key, None if deleted else json.loads(row))
+                                                for key, deleted, row, _ in newest))
+
+
+def _drop_index(conn: sqlite3.Connection, index: IndexDef) -> None:
+    conn.execute(f"DROP TABLE {index.storage}")
+    conn.execute("DELETE FROM _indexes WHERE name = ?", (index.name,))
+
+
+def maintain_indexes(conn: sqlite3.Connection, catalog: Catalog,
+                     rows: Iterable[tuple[TableSchema, str, dict[str, Any] | None]]) -> None:
+    """Bring every index of the tables of these (schema, key, JSON-encoded row or None) up
+    to date, inside the caller's write transaction."""
+    by_table: dict[str, list[tuple[str, dict[str, Any] | None]]] = {}
+    schemas = {}
+    for schema, key, row in rows:
+        if catalog.indexes_on(schema.name):
+            by_table.setdefault(schema.name, []).append((key, row))
+            schemas[schema.name] = schema
+    for table, changed in by_table.items():
+        for index in catalog.indexes_on(table):
+            indexes.write_entries(conn, index, schemas[table], changed)
 
 
 def _fill_generated(conn: sqlite3.Connection, storage: str, schema: TableSchema) -> None:
@@ -232,6 +295,8 @@ def _drop_table(conn: sqlite3.Connection, catalog: Catalog, name: str) -> None:
             f"table {name!r} is watched explicitly by change streams {watchers}; "
             "ALTER or DROP those streams first"
         )
+    for index in catalog.indexes_on(name):
+        _drop_index(conn, index)
     conn.execute(f"DROP TABLE {catalog.storage(name)}")
     conn.execute("DELETE FROM _tables WHERE name = ?", (name,))
     conn.execute("DELETE FROM _shard_streams WHERE table_name = ?", (name,))

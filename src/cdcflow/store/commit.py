@@ -14,7 +14,12 @@ from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import format_rfc3339, from_micros
 from cdcflow.store import log, partition_map, retention
 from cdcflow.store.capture import LogEntry, RowChange, build_records, encode_record
-from cdcflow.store.catalog import Catalog, commit_micros_after, next_commit_micros
+from cdcflow.store.catalog import (
+    Catalog,
+    commit_micros_after,
+    maintain_indexes,
+    next_commit_micros,
+)
 from cdcflow.store.mutations import Mutation, apply_mutation, table_shape, validate_mutation
 from cdcflow.store.rows import VersionRow, latest_versions, version_row, write_versions
 from cdcflow.store.session import Session
@@ -31,6 +36,9 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
         micros, transaction_id = allocate_commit(session, now_micros)
         changes = _net_changes(session, catalog, mutations, format_rfc3339(micros))
         _write_versions(session, catalog, changes, micros)
+        if catalog.indexes:
+            maintain_indexes(session.conn, catalog, ((c.schema, c.encoded_key, c.after)
+                                                     for c in changes))
         streams = {s.name: s for c in changes for s in catalog.streams_watching(c.schema.name)}
         entries = build_records(changes, list(streams.values()), session.ranges_of,
                                 from_micros(micros), transaction_id)

@@ -9,6 +9,7 @@ The change log and its readers are `ChangeLog`'s; this class adds tables, DDL an
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +17,7 @@ from cdcflow.errors import InvalidArgument, OutOfRange
 from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, to_micros
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import retention, rows
+from cdcflow.store import indexes, retention, rows
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.store.commit import commit_mutations
 from cdcflow.store.ddl import parse_ddl
@@ -155,6 +156,30 @@ class Database(ChangeLog):
             pins = retention.snapshot_pins(read_meta(session.conn))
             pins.pop(name, None)
             write_meta(session.conn, {"snapshot_pins": json.dumps(pins)})
+
+    def poll_index(self, index: str, prefix: Sequence[Sequence[Any]] = (),
+                   after: tuple[Any, str] | None = None, up_to: Any = None,
+                   limit: int = 1000) -> list[indexes.PolledRow]:
+        """Rows through `index`, newest versions, in one consistent read: `prefix[i]` lists
+        the values the i-th index column may take (`ShardId IN (...)`); the next, last
+        index column is the cursor, read after `after` = (value, key) and up to `up_to`,
+        in (value, key) order, at most `limit` rows (see `cdcflow.store.indexes`)."""
+        session = self._session()
+        with read_transaction(session.conn):
+            catalog = session.refresh()
+            found = catalog.index(index)
+            return indexes.poll(session.conn, found, catalog.table(found.table),
+                                catalog.storage(found.table), prefix, after, up_to, limit)
+
+    def explain_poll(self, index: str, prefix: Sequence[Sequence[Any]] = (),
+                     after: tuple[Any, str] | None = None, up_to: Any = None,
+                     limit: int = 1000) -> list[str]:
+        """SQLite's query plan of the same poll, one line per step."""
+        session = self._session()
+        with read_transaction(session.conn):
+            catalog = session.refresh()
+            return indexes.explain(session.conn, catalog.index(index), prefix, after, up_to,
+                                   limit)
 
     def key_hash(self, table: str, key: Any) -> int:
         """Position of a row in the partition hash space, e.g. to choose a split point."""

@@ -1,7 +1,8 @@
 """A parser for the DDL subset of the embedded database.
 
-Statements: CREATE TABLE, DROP TABLE, ALTER TABLE ... ADD COLUMN, CREATE CHANGE STREAM,
-ALTER CHANGE STREAM (SET FOR / SET OPTIONS / DROP FOR ALL), DROP CHANGE STREAM.
+Statements: CREATE TABLE (with stored generated columns), DROP TABLE, ALTER TABLE ... ADD
+COLUMN, CREATE CHANGE STREAM, ALTER CHANGE STREAM (SET FOR / SET OPTIONS / DROP FOR ALL),
+DROP CHANGE STREAM, CREATE [NULL_FILTERED] INDEX, DROP INDEX.
 Parsing is pure: it returns statement values; `cdcflow.store.catalog` applies them.
 """
 
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 
 from cdcflow.errors import DdlError
 from cdcflow.model.expressions import parse_expression
-from cdcflow.model.schema import MAX_PRIMARY_KEY_COLUMNS, Column, TableSchema
+from cdcflow.model.schema import Column, TableSchema
 from cdcflow.model.types import ColumnType
+from cdcflow.store.ddl_rules import checked_schema
 
 _TOKEN = re.compile(
     r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|`(?P<quoted>[^`]+)`|(?P<number>\d+)"
@@ -70,8 +72,22 @@ class DropChangeStream:
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class CreateIndex:
+    name: str
+    table: str
+    columns: tuple[str, ...]
+    null_filtered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DropIndex:
+    name: str
+
+
 Statement = (
-    CreateTable | DropTable | AddColumn | CreateChangeStream | AlterChangeStream | DropChangeStream
+    CreateTable | DropTable | AddColumn | CreateChangeStream | AlterChangeStream
+    | DropChangeStream | CreateIndex | DropIndex
 )
 _NOTHING = StreamScope(for_all=False, tables=())
 
@@ -254,7 +270,7 @@ class _Parser:
                 self.expect_sym(")")
                 break
         self.end()
-        return CreateTable(_checked_schema(name, columns, key))
+        return CreateTable(checked_schema(name, columns, key))
 
     def scope(self) -> StreamScope:
         if self.accept_word("ALL"):
@@ -304,9 +320,32 @@ class _Parser:
             name = self.name()
             self.end()
             return DropChangeStream(name)
+        if self.accept_word("CREATE", "NULL_FILTERED", "INDEX"):
+            return self.create_index(True)
+        if self.accept_word("CREATE", "INDEX"):
+            return self.create_index(False)
+        if self.accept_word("DROP", "INDEX"):
+            name = self.name()
+            self.end()
+            return DropIndex(name)
         raise self.error(
-            "CREATE TABLE, DROP TABLE, ALTER TABLE, CREATE/ALTER/DROP CHANGE STREAM"
+            "CREATE TABLE, DROP TABLE, ALTER TABLE, CREATE/ALTER/DROP CHANGE STREAM, "
+            "CREATE [NULL_FILTERED] INDEX, DROP INDEX"
         )
+
+    def create_index(self, null_filtered: bool) -> CreateIndex:
+        name = self.name()
+        self.expect_word("ON")
+        table = self.name()
+        self.expect_sym("(")
+        columns = [self.name()]
+        self.accept_word("ASC") or self.accept_word("DESC")
+        while self.accept_sym(","):
+            columns.append(self.name())
+            self.accept_word("ASC") or self.accept_word("DESC")
+        self.expect_sym(")")
+        self.end()
+        return CreateIndex(name, table, tuple(columns), null_filtered)
 
     def alter_change_stream(self) -> AlterChangeStream:
         name = self.name()
@@ -331,51 +370,6 @@ def _token_text(token: Token) -> str:
     if token.kind == "string":
         return f"'{token.text}'" if "'" not in token.text else f'"{token.text}"'
     return token.text
-
-
-def check_generated(table: str, columns: list[Column] | tuple[Column, ...],
-                    key: list[str] | tuple[str, ...]) -> None:
-    """A generated column's expression names only the table's columns that are not
-    generated themselves."""
-    plain = {c.name for c in columns if c.generated is None}
-    for column in columns:
-        if column.generated is None:
-            continue
-        if column.name in key:
-            raise DdlError(f"generated column {column.name!r} of table {table!r} cannot be "
-                           "part of its primary key")
-        unknown = sorted(parse_expression(column.generated).columns() - plain)
-        if unknown:
-            raise DdlError(f"generated column {column.name!r} of table {table!r} refers to "
-                           f"{unknown}, which are not columns of it that are not generated")
-        if column.type.code not in ("INT64", "STRING", "BOOL", "BYTES"):
-            raise DdlError(f"generated column {column.name!r} must be INT64, STRING, BOOL or "
-                           f"BYTES, not {column.type.ddl()}")
-
-
-def _checked_schema(name: str, columns: list[Column], key: list[str]) -> TableSchema:
-    names = [c.name for c in columns]
-    if not columns:
-        raise DdlError(f"table {name!r} needs at least one column")
-    if len(set(names)) != len(names):
-        raise DdlError(f"table {name!r} declares a column twice: {names}")
-    if not 1 <= len(key) <= MAX_PRIMARY_KEY_COLUMNS:
-        raise DdlError(
-            f"table {name!r} has {len(key)} primary key columns; use 1 to "
-            f"{MAX_PRIMARY_KEY_COLUMNS}"
-        )
-    for part in key:
-        if part not in names:
-            raise DdlError(f"primary key column {part!r} is not a column of table {name!r}")
-    if len(set(key)) != len(key):
-        raise DdlError(f"primary key of table {name!r} repeats a column: {key}")
-    check_generated(name, columns, key)
-    for column in columns:
-        if column.name in key and column.type.code in ("ARRAY", "JSON"):
-            raise DdlError(
-                f"column {column.name!r} of type {column.type.ddl()} cannot be a key column"
-            )
-    return TableSchema(name, tuple(columns), tuple(key))
 
 
 def parse_ddl(text: str) -> Statement:

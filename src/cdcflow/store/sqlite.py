@@ -21,6 +21,8 @@ CREATE TABLE IF NOT EXISTS _tables (
     name TEXT PRIMARY KEY, schema TEXT NOT NULL, storage TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS _streams (
     name TEXT PRIMARY KEY, definition TEXT NOT NULL, policy_checked_micros INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS _indexes (
+    name TEXT PRIMARY KEY, definition TEXT NOT NULL, storage TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS _shard_streams (
     stream_id TEXT PRIMARY KEY, table_name TEXT NOT NULL, change_stream TEXT NOT NULL,
     enabled_micros INTEGER NOT NULL, expiration_micros INTEGER NOT NULL,

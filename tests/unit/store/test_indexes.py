@@ -1,0 +1,120 @@
+"""Secondary indexes of the embedded database (issue 13, CW-3/4/5/7): a NULL_FILTERED index
+on (ShardId, LastModified) kept inside every commit, polls through it with a (timestamp,
+key) cursor and a shard predicate, SQLite's plan showing the index in use, processed rows
+leaving the index and coming back, and typed errors for bad definitions."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from cdcflow import COMMIT_TIMESTAMP, Database
+from cdcflow.errors import AlreadyExists, DdlError, InvalidArgument, NotFound
+from tests.unit.store.test_generated_columns import SINGERS, shard_of
+
+pytestmark = pytest.mark.unit
+INDEX = "CREATE NULL_FILTERED INDEX SingersByShard ON Singers (ShardId, LastModified)"
+ALL_SHARDS = [list(range(-18, 19))]
+
+
+def write(db: Database, first: int, count: int) -> None:
+    with db.transaction() as tx:
+        for number in range(first, first + count):
+            tx.insert_or_update("Singers", {
+                "SingerId": number, "FirstName": f"f{number}", "LastName": f"l{number}",
+                "LastModified": COMMIT_TIMESTAMP})
+
+
+def poll_all(db: Database, prefix: list[list[int]], page: int) -> list[int]:
+    """Every row through the index, page by page with the (timestamp, key) cursor."""
+    seen, after = [], None
+    while True:
+        found = db.poll_index("SingersByShard", prefix, after=after, limit=page)
+        seen += [p.row["SingerId"] for p in found]
+        assert len(seen) <= 1000, "the cursor does not move on"
+        if len(found) < page:
+            return seen
+        after = (found[-1].cursor, found[-1].key)
+
+
+def test_polls_page_through_equal_timestamps_and_filter_shards(db: Database):
+    db.ddl([SINGERS, INDEX])
+    write(db, 1, 50)  # one commit: 50 rows with one timestamp, across page boundaries
+    write(db, 51, 7)
+    assert sorted(poll_all(db, ALL_SHARDS, 3)) == list(range(1, 58))
+    assert len(poll_all(db, ALL_SHARDS, 3)) == 57  # none twice
+    some = [s for s in range(-18, 19) if s % 3 == 0]
+    picked = poll_all(db, [some], 4)
+    assert sorted(picked) == [n for n in range(1, 58) if shard_of(f"f{n}", f"l{n}") in some]
+    assert picked and len(picked) < 57
+    newest = db.poll_index("SingersByShard", ALL_SHARDS, limit=100)[-1]
+    assert db.poll_index("SingersByShard", ALL_SHARDS, after=(newest.cursor, newest.key)) == []
+    cutoff = newest.cursor - timedelta(microseconds=1)
+    assert {p.row["SingerId"] for p in db.poll_index("SingersByShard", ALL_SHARDS,
+                                                     up_to=cutoff)} == set(range(1, 51))
+
+
+def test_the_plan_uses_the_index_with_the_shard_predicate(db: Database):
+    db.ddl([SINGERS, INDEX])
+    write(db, 1, 20)
+    plan = " | ".join(db.explain_poll("SingersByShard", [[-1, 0, 1]], after=(0, ""),
+                                      limit=10))
+    assert "USING COVERING INDEX" in plan and "c0=?" in plan, plan
+    assert "SCAN" not in plan.replace("SCAN CONSTANT", ""), plan
+
+
+def test_processed_rows_leave_the_index_and_an_update_brings_them_back(db: Database):
+    db.ddl([SINGERS, INDEX])
+    write(db, 1, 5)
+    with db.transaction() as tx:
+        tx.update("Singers", {"SingerId": 2, "Processed": True})
+        tx.delete("Singers", {"SingerId": 3})
+    assert sorted(poll_all(db, ALL_SHARDS, 10)) == [1, 4, 5]
+    with db.transaction() as tx:
+        tx.update("Singers", {"SingerId": 2, "Processed": False,
+                              "LastModified": COMMIT_TIMESTAMP})
+    assert sorted(poll_all(db, ALL_SHARDS, 10)) == [1, 2, 4, 5]
+    with db.transaction() as tx:  # no timestamp: NULL_FILTERED leaves it out too
+        tx.insert("Singers", {"SingerId": 9, "FirstName": "a", "LastName": "b"})
+    assert 9 not in poll_all(db, ALL_SHARDS, 10)
+
+
+def test_an_index_made_on_a_table_with_rows_is_filled_and_dropped_with_it(db: Database):
+    db.ddl(SINGERS)
+    write(db, 1, 4)
+    db.ddl(INDEX)
+    assert sorted(poll_all(db, ALL_SHARDS, 2)) == [1, 2, 3, 4]
+    db.ddl("CREATE INDEX ByTime ON Singers (LastModified)")
+    assert [p.row["SingerId"] for p in db.poll_index("ByTime", limit=10)] == [1, 2, 3, 4]
+    db.ddl("DROP INDEX ByTime")
+    with pytest.raises(NotFound, match="index 'ByTime' does not exist"):
+        db.poll_index("ByTime")
+    db.ddl("DROP TABLE Singers")
+    with pytest.raises(NotFound, match="SingersByShard"):
+        db.poll_index("SingersByShard")
+
+
+@pytest.mark.parametrize(("ddl", "error", "needle"), [
+    ("CREATE INDEX I ON Singers (Nope)", DdlError, "'Nope' is not a column"),
+    ("CREATE INDEX I ON Nowhere (A)", NotFound, "Nowhere"),
+    ("CREATE INDEX I ON Singers (ShardId, ShardId)", DdlError, "repeats a column"),
+    ("CREATE INDEX SingersByShard ON Singers (FirstName)", AlreadyExists, "exists already"),
+    ("CREATE NULL_FILTERED INDEX I ON Singers ShardId", DdlError, "expected '('"),
+    ("CREATE INDEX I ON Singers (ShardId); DROP TABLE Singers", DdlError, "end of statement"),
+])
+def test_bad_index_definitions_are_typed_errors(db: Database, ddl: str, error: type,
+                                                needle: str):
+    db.ddl([SINGERS, INDEX])
+    with pytest.raises(error) as raised:
+        db.ddl(ddl)
+    assert needle in str(raised.value)
+    assert db.table_schema("Singers").name == "Singers"
+
+
+def test_bad_polls_are_typed_errors(db: Database):
+    db.ddl([SINGERS, INDEX])
+    with pytest.raises(InvalidArgument, match="every index column but the last"):
+        db.poll_index("SingersByShard")
+    with pytest.raises(InvalidArgument, match="limit 0 must be at least 1"):
+        db.poll_index("SingersByShard", ALL_SHARDS, limit=0)
