@@ -1,5 +1,5 @@
 """The expressions of the embedded database's generated columns, in Spanner's dialect (seed
-001, CW-2): `MOD(FARM_FINGERPRINT(CONCAT(FirstName, LastName)), 19)` and
+001, CW-3): `MOD(FARM_FINGERPRINT(CONCAT(FirstName, LastName)), 19)` and
 `CASE WHEN Processed THEN NULL ELSE ... END`. Pure: `parse_expression` gives a tree whose
 `evaluate(row)` computes the value from a row's columns.
 

@@ -17,7 +17,7 @@ from cdcflow.errors import InvalidArgument, OutOfRange
 from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, to_micros
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import indexes, retention, rows
+from cdcflow.store import indexes, partitioned, retention, rows
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.store.commit import commit_mutations
 from cdcflow.store.ddl import parse_ddl
@@ -180,6 +180,13 @@ class Database(ChangeLog):
             catalog = session.refresh()
             return indexes.explain(session.conn, catalog.index(index), prefix, after, up_to,
                                    limit)
+
+    def partitioned_update(self, table: str, values: dict[str, Any], column: str,
+                           before: datetime, batch_rows: int = 1_000) -> int:
+        """Set `values` on every row whose TIMESTAMP `column` is before `before`, in batches
+        of `batch_rows`, each its own transaction (CW-6; see `cdcflow.store.partitioned`
+        for the caveat on concurrent writers). Returns how many rows changed."""
+        return partitioned.partitioned_update(self, table, values, column, before, batch_rows)
 
     def key_hash(self, table: str, key: Any) -> int:
         """Position of a row in the partition hash space, e.g. to choose a split point."""

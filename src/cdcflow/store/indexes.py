@@ -1,4 +1,4 @@
-"""Secondary indexes of the embedded database (seed 001, CW-3): `CREATE [NULL_FILTERED]
+"""Secondary indexes of the embedded database (seed 001, CW-4): `CREATE [NULL_FILTERED]
 INDEX name ON table (columns)`.
 
 An index is a table of its own, one entry per row of the indexed table: the row's key and
@@ -9,7 +9,7 @@ own SQLite transaction (`maintain`), so a read through an index is as consistent
 of the table. An index holds the newest version of each row only: reads through it are
 reads at now.
 
-`poll` reads what a change watcher asks (CW-1, CW-4, CW-5): rows whose first index columns
+`poll` reads what a change watcher asks (CW-1, CW-5): rows whose first index columns
 take one of some values and whose last index column, a commit timestamp, lies after a
 (timestamp, key) cursor and up to a horizon, in (timestamp, key) order. Identifiers never
 reach SQL: index columns are stored as c0, c1, ...

@@ -1,4 +1,4 @@
-"""Generated-column expressions in Spanner's dialect (issue 13, CW-2): FARM_FINGERPRINT
+"""Generated-column expressions in Spanner's dialect (issue 13, CW-3): FARM_FINGERPRINT
 agrees with the values Spanner's and BigQuery's documentation give, MOD keeps the sign of
 its dividend, NULLs propagate as in GoogleSQL, and bad text is a DdlError naming it."""
 

@@ -1,4 +1,4 @@
-"""Stored generated columns in the embedded database (issue 13, CW-2): the seed's computed
+"""Stored generated columns in the embedded database (issue 13, CW-3): the seed's computed
 shard column, its Processed variant, a column added to a table that has rows, change
 records that carry the computed value, and typed errors for bad definitions and writes."""
 

@@ -118,3 +118,37 @@ def test_bad_polls_are_typed_errors(db: Database):
         db.poll_index("SingersByShard")
     with pytest.raises(InvalidArgument, match="limit 0 must be at least 1"):
         db.poll_index("SingersByShard", ALL_SHARDS, limit=0)
+
+
+def test_cleanup_nulls_old_timestamps_in_batches_beside_a_writer_of_other_rows(
+        db: Database, tmp_path):
+    """CW-6: old rows leave the index when a partitioned update sets their commit timestamp
+    to NULL; a concurrent writer that keeps to other rows (the documented rule) loses
+    nothing, and a row written again after the cutoff is not cleaned."""
+    import multiprocessing
+
+    db.ddl([SINGERS, INDEX])
+    write(db, 1, 300)
+    cutoff = db.current_timestamp() + timedelta(microseconds=1)  # after the 300 rows
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_write_new_rows, args=(db.path, 1000, 200))
+    writer.start()
+    write(db, 5, 1)  # written after the cutoff: no longer the cleanup's
+    changed = db.partitioned_update("Singers", {"LastModified": None}, "LastModified",
+                                    cutoff, batch_rows=64)
+    writer.join(timeout=120)
+    assert writer.exitcode == 0 and changed == 299
+    left = set(poll_all(db, ALL_SHARDS, 100))
+    assert left == {5, *range(1000, 1200)}
+    assert db.read_row("Singers", 1)["LastModified"] is None
+    with pytest.raises(InvalidArgument, match="not a TIMESTAMP"):
+        db.partitioned_update("Singers", {"Processed": True}, "FirstName", cutoff)
+    with pytest.raises(InvalidArgument, match="cannot set key columns"):
+        db.partitioned_update("Singers", {"SingerId": 3}, "LastModified", cutoff)
+
+
+def _write_new_rows(path: str, first: int, count: int) -> None:
+    database = Database.open(path)
+    for number in range(first, first + count):
+        write(database, number, 1)
+    database.close()
