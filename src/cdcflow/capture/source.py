@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.source import SourceKind
-from cdcflow.model.types import ColumnType
+from cdcflow.model.types import ColumnType, encode_value
 from cdcflow.store.changelog import ChangeLog
 
 
@@ -59,6 +59,10 @@ class SourceObject:
         keys = set(self.primary_key)
         return tuple(ColumnTypeInfo(c.name, c.type, c.name in keys, c.ordinal_position)
                      for c in self.columns)
+
+    def encoded(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A row of Python values in the record encoding a `SourceChange` carries."""
+        return {c.name: encode_value(row.get(c.name), c.type) for c in self.columns}
 
     def describe(self) -> dict[str, Any]:
         """Discovery's shape (EV-10)."""

@@ -104,9 +104,10 @@ class Rebackfill:
             return None
         keys, types = set(chunk.item.primary_key), chunk.item.column_types()
         at = {"log_file": chunk.at["log_file"], "log_position": chunk.at["log_position"]}
+        rows = [chunk.item.encoded(row) for row in chunk.rows]  # Python values as read
         changes = tuple(SourceChange(
             chunk.item.name, "INSERT", {k: v for k, v in row.items() if k in keys},
             {k: v for k, v in row.items() if k not in keys}, {}, types, "NEW_ROW",
-            at | {"row": index}) for index, row in enumerate(chunk.rows))
+            at | {"row": index}) for index, row in enumerate(rows))
         return SourceTransaction(SourceMetadata(MYSQL.backfill_method, source_time,
                                                 str(self.state["id"]), at), changes)
