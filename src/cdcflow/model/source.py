@@ -128,6 +128,15 @@ def _mysql_order(change: ChangeContext) -> SortKeys:
     return keys
 
 
+def _watcher_order(change: ChangeContext) -> SortKeys:
+    """(commit timestamp, primary key): the order a watcher polls rows in (CW-1)."""
+    micros, key = change.position.get("commit_timestamp"), change.position.get("key")
+    if not isinstance(micros, int) or not isinstance(key, str):
+        raise InvalidArgument(f"a watcher change needs 'commit_timestamp' and 'key', got "
+                              f"{micros!r}, {key!r}")
+    return (micros, key)
+
+
 EMBEDDED: Final = SourceKind(
     "embedded", "embedded-cdc-changestream", "embedded-backfill-snapshot",
     ("database", "tx_id", "record_sequence", "partition_token"), None, _log_order,
@@ -140,7 +149,10 @@ MYSQL: Final = SourceKind(
     "mysql", "mysql-cdc-binlog", "mysql-backfill-fulldump",
     ("database", "log_file", "log_position"), ("database", "table"), _mysql_order,
 )
-KINDS: Final = (EMBEDDED, POSTGRES, MYSQL)
+WATCHER: Final = SourceKind(
+    "watcher", "watcher-cdc-poll", "watcher-backfill-scan", ("target",), None, _watcher_order,
+)
+KINDS: Final = (EMBEDDED, POSTGRES, MYSQL, WATCHER)
 
 
 def kind_of(read_method: str) -> SourceKind:

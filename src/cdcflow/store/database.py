@@ -21,6 +21,7 @@ from cdcflow.store import indexes, partitioned, retention, rows
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.store.commit import commit_mutations
 from cdcflow.store.ddl import parse_ddl
+from cdcflow.store.indexes import IndexDef, PolledRow
 from cdcflow.store.mutations import Mutation
 from cdcflow.store.sqlite import read_meta, read_transaction, write_meta, write_transaction
 from cdcflow.store.transaction import Transaction
@@ -157,9 +158,16 @@ class Database(ChangeLog):
             pins.pop(name, None)
             write_meta(session.conn, {"snapshot_pins": json.dumps(pins)})
 
+    def indexes(self) -> list[IndexDef]:
+        """The secondary indexes, by name."""
+        session = self._session()
+        with read_transaction(session.conn):
+            catalog = session.refresh()
+        return sorted(catalog.indexes.values(), key=lambda index: index.name)
+
     def poll_index(self, index: str, prefix: Sequence[Sequence[Any]] = (),
                    after: tuple[Any, str] | None = None, up_to: Any = None,
-                   limit: int = 1000) -> list[indexes.PolledRow]:
+                   limit: int = 1000) -> list[PolledRow]:
         """Rows through `index`, newest versions, in one consistent read: `prefix[i]` lists
         the values the i-th index column may take (`ShardId IN (...)`); the next, last
         index column is the cursor, read after `after` = (value, key) and up to `up_to`,

@@ -88,7 +88,55 @@ class MySqlSource(BaseModel):
     position, or go on from the server's position now and backfill every table again."""
 
 
-Source = Annotated[EmbeddedSource | PostgresSource | MySqlSource, Field(discriminator="kind")]
+class WatchedTable(BaseModel):
+    """A table a watcher polls (CW-1), with an optional shard column and the shard values
+    its polls ask for (CW-5): `[low, high]`, an inclusive range, or `{in: [values]}`."""
+
+    model_config = _FROZEN
+    name: str = Field(min_length=1)
+    commit_timestamp_column: str = Field(min_length=1)
+    shard_column: str | None = Field(default=None, min_length=1)
+    shard_values: tuple[int, int] | dict[Literal["in"], tuple[int, ...]] | None = None
+
+    @model_validator(mode="after")
+    def _shards(self) -> WatchedTable:
+        if (self.shard_column is None) != (self.shard_values is None):
+            raise ValueError(f"table {self.name!r}: shard_column and shard_values go together")
+        if isinstance(self.shard_values, tuple) and not \
+                0 <= self.shard_values[1] - self.shard_values[0] < 10_000:
+            raise ValueError(f"table {self.name!r}: shard_values {list(self.shard_values)} "
+                             "must be an inclusive range [low, high] of at most 10000 values")
+        if isinstance(self.shard_values, dict) and not 1 <= len(self.shard_values["in"]) \
+                <= 10_000:
+            raise ValueError(f"table {self.name!r}: shard_values in: lists 1..10000 values")
+        return self
+
+    def shards(self) -> tuple[int, ...] | None:
+        if isinstance(self.shard_values, tuple):
+            return tuple(range(self.shard_values[0], self.shard_values[1] + 1))
+        return None if self.shard_values is None else tuple(self.shard_values["in"])
+
+
+class EmbeddedTarget(BaseModel):
+    model_config = _FROZEN
+    kind: Literal["embedded"]
+    database: str = Field(min_length=1)
+
+
+class WatcherSource(BaseModel):
+    """Tables polled on their commit-timestamp column (seed 001)."""
+
+    model_config = _FROZEN
+    kind: Literal["watcher"]
+    target: EmbeddedTarget
+    tables: tuple[WatchedTable, ...] = Field(min_length=1)
+    poll_interval_seconds: float = Field(default=1.0, ge=0.1, le=3600)
+    adaptive: bool = True
+    page_rows: int = Field(default=1_000, ge=1, le=100_000)
+
+
+Source = Annotated[EmbeddedSource | PostgresSource | MySqlSource | WatcherSource,
+                   Field(discriminator="kind")]
 """Every kind of source, told apart by `kind` (a definition without one is `embedded`)."""
 
 

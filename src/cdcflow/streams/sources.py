@@ -11,11 +11,15 @@ from cdcflow.capture.mysql.source import MySqlSource as MySqlChangeSource
 from cdcflow.capture.postgres.source import PostgresConfig
 from cdcflow.capture.postgres.source import PostgresSource as PostgresChangeSource
 from cdcflow.capture.source import ChangeSource, WorkerHooks
+from cdcflow.capture.watcher.config import WatchedTable as ConfiguredTable
+from cdcflow.capture.watcher.config import WatcherConfig
+from cdcflow.capture.watcher.source import WatcherSource as WatcherChangeSource
 from cdcflow.streams.definition import (
     EmbeddedSource,
     MySqlSource,
     PostgresSource,
     StreamDefinition,
+    WatcherSource,
 )
 
 
@@ -47,6 +51,12 @@ def open_source(definition: StreamDefinition, home: str | Path,
                 log_path(definition, home), definition.include, definition.exclude,
                 source.chunk_rows, source.heartbeat_seconds, source.on_position_lost),
                 hooks=hooks)
+        case WatcherSource() as source:
+            return WatcherChangeSource(WatcherConfig(
+                source.target.database, tuple(ConfiguredTable(
+                    t.name, t.commit_timestamp_column, t.shard_column, t.shards())
+                    for t in source.tables), log_path(definition, home),
+                source.poll_interval_seconds, source.adaptive, source.page_rows), hooks=hooks)
     raise AssertionError(f"unhandled source {definition.source!r}")
 
 
