@@ -18,7 +18,13 @@ from rich.table import Table
 from cdcflow.capture.postgres.connection import describe_dsn
 from cdcflow.errors import CdcflowError
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.definition import EmbeddedSource, PostgresSource, StreamDefinition
+from cdcflow.streams.definition import (
+    EmbeddedSource,
+    MySqlSource,
+    PostgresSource,
+    StreamDefinition,
+    WatcherSource,
+)
 from cdcflow.streams.discovery import discover_definition, discover_embedded
 from cdcflow.streams.rebackfill import request_backfill
 from cdcflow.streams.sources import remove_source
@@ -57,6 +63,11 @@ def source_label(definition: StreamDefinition) -> str:
             return f"embedded: {database} / {change_stream}"
         case PostgresSource(dsn=dsn):
             return f"postgres: {describe_dsn(dsn)}"
+        case MySqlSource(host=host, port=port, user=user, databases=databases):
+            return f"mysql: {user}@{host}:{port} / {', '.join(databases)}"
+        case WatcherSource(target=target, tables=tables):
+            return f"watcher: {target.kind} {target.database} / " \
+                   f"{', '.join(t.name for t in tables)}"
     raise AssertionError(definition.source)
 
 

@@ -76,3 +76,22 @@ def test_discover(tmp_path: Path):
     assert "Orders" in text.output and "INT64" in text.output
     missing = CliRunner().invoke(cli, ["discover", str(tmp_path / "nope.db")])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_list_names_every_kind_of_source(tmp_path: Path):
+    """`streams list` in text labels each kind of source (no password in it)."""
+    mysql = ("name: my\nsource: {kind: mysql, host: 127.0.0.1, port: 3307, user: cdc, "
+             "password_env: X, databases: [shop]}\ndestinations: [{kind: event_files, "
+             "root: e}]\n")
+    watcher = ("name: w\nsource: {kind: watcher, target: {kind: embedded, database: a.db}, "
+               "tables: [{name: Singers, commit_timestamp_column: LastModified}]}\n"
+               "destinations: [{kind: event_files, root: e}]\n")
+    for name, text in (("my", mysql), ("w", watcher)):
+        (tmp_path / f"{name}.yaml").write_text(text)
+        assert run(tmp_path, "create", str(tmp_path / f"{name}.yaml"))[0] == 0
+    listed = CliRunner(env={"COLUMNS": "200"}).invoke(
+        cli, ["streams", "--catalog", str(tmp_path / "c.db"), "list"])
+    code, out = listed.exit_code, listed.output
+    assert code == 0, out
+    assert "mysql: cdc@127.0.0.1:3307 / shop" in out and "watcher: embedded a.db / Singers" \
+        in out
