@@ -1,4 +1,4 @@
-"""`cdcflow` commands: demo (the main job), run (the runner), streams, discover."""
+"""`cdcflow` commands: demo (the main job), run (the runner), streams, discover, watcher."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import click
 from cdcflow.cli.demo import demo
 from cdcflow.cli.run import run
 from cdcflow.cli.streams import discover, streams
+from cdcflow.cli.watcher import watcher
 
 
 @click.group()
@@ -18,6 +19,7 @@ cli.add_command(demo)
 cli.add_command(run)
 cli.add_command(streams)
 cli.add_command(discover)
+cli.add_command(watcher)
 
 if __name__ == "__main__":
     cli()
