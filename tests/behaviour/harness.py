@@ -55,8 +55,9 @@ class SourceHarness(Protocol):
     def close(self) -> None: ...
 
 
-def random_ops(rng: random.Random, journal_id: int) -> list[Op]:
-    """One transaction: a journal row, then 1-4 random account changes (some partial)."""
+def random_ops(rng: random.Random, journal_id: int, deletes: bool = True) -> list[Op]:
+    """One transaction: a journal row, then 1-4 random account changes (some partial);
+    without `deletes`, updates where deletes would be (a watcher cannot see them)."""
     ops: list[Op] = [("upsert", "journal", {"id": journal_id, "note": f"t{journal_id}"})]
     for _ in range(rng.randint(1, 4)):
         key = rng.randrange(60)
@@ -64,7 +65,7 @@ def random_ops(rng: random.Random, journal_id: int) -> list[Op]:
         if choice < 0.45:
             ops.append(("upsert", "accounts", {"id": key, "owner": rng.choice(["a", "b"]),
                                                 "balance": rng.randrange(1000)}))
-        elif choice < 0.8:
+        elif choice < 0.8 or not deletes:
             ops.append(("update", "accounts", {"id": key, "balance": rng.randrange(1000)}))
         else:
             ops.append(("delete", "accounts", {"id": key}))
@@ -434,5 +435,76 @@ class MySqlHarness:
         self.server.stop()
 
 
+# ---- the polling watcher over the embedded database ------------------------------------------
+
+WATCHED_DDL = [
+    "CREATE TABLE accounts (id INT64 NOT NULL, owner STRING(MAX), balance INT64, "
+    "LastModified TIMESTAMP OPTIONS (allow_commit_timestamp = true)) PRIMARY KEY (id)",
+    "CREATE TABLE journal (id INT64 NOT NULL, note STRING(MAX), "
+    "LastModified TIMESTAMP OPTIONS (allow_commit_timestamp = true)) PRIMARY KEY (id)",
+    "CREATE NULL_FILTERED INDEX AccountsByTime ON accounts (LastModified)",  # journal: scans
+]
+
+
+def _stamped(ops: list[Op]) -> list[Op]:
+    """Every write sets the commit-timestamp column, as the watcher's tables require."""
+    from cdcflow import COMMIT_TIMESTAMP
+
+    return [(kind, table, values if kind == "delete" else
+             values | {"LastModified": COMMIT_TIMESTAMP}) for kind, table, values in ops]
+
+
+def watched_writer(path: str, seed: int, transactions: int, first_journal_id: int) -> None:
+    rng = random.Random(seed)
+    database = Database.open(path)
+    for number in range(transactions):
+        ops = _stamped(random_ops(rng, first_journal_id + number, deletes=False))
+        with contextlib.suppress(NotFound, AlreadyExists):
+            _embedded_apply(database, ops).commit()
+    database.close()
+
+
+class WatcherHarness(EmbeddedHarness):
+    """The embedded database polled by the watcher: no hard deletes (polling cannot see
+    them), every write stamped with its commit timestamp."""
+
+    name = "watcher"
+
+    def setup(self, folder: Path) -> None:
+        self.path = str(folder / "source.db")
+        self.database = Database.open(self.path)
+        self.database.ddl(WATCHED_DDL)
+
+    def source_profile(self) -> dict[str, Any]:
+        return {"kind": "watcher", "target": {"kind": "embedded", "database": self.path},
+                "tables": [{"name": t, "commit_timestamp_column": "LastModified"}
+                           for t in ("accounts", "journal")],
+                "poll_interval_seconds": 0.2, "page_rows": 20}
+
+    def bad_profiles(self) -> list[tuple[dict[str, Any], str]]:
+        good = self.source_profile()
+        return [
+            (good | {"tables": []}, "tables"),
+            (good | {"target": {"kind": "embedded"}}, "database"),
+            (good | {"page_rows": 0}, "page_rows"),
+            (good | {"wat": 1}, "wat"),
+        ]
+
+    def unreachable_profile(self, folder: Path) -> tuple[dict[str, Any], str]:
+        missing = str(folder / "nowhere.db")
+        return self.source_profile() | {"target": {"kind": "embedded",
+                                                   "database": missing}}, missing
+
+    def commit(self, ops: list[Op]) -> None:
+        _embedded_apply(self.database, _stamped(ops)).commit()
+
+    def roll_back(self, ops: list[Op]) -> None:
+        super().roll_back(_stamped(ops))
+
+    def writer(self, seed: int, transactions: int, first_journal_id: int) -> Any:
+        return multiprocessing.get_context("spawn").Process(
+            target=watched_writer, args=(self.path, seed, transactions, first_journal_id))
+
+
 HARNESSES: dict[str, type[Any]] = {"embedded": EmbeddedHarness, "postgres": PostgresHarness,
-                                   "mysql": MySqlHarness}
+                                   "mysql": MySqlHarness, "watcher": WatcherHarness}

@@ -88,7 +88,7 @@ class Consumer:
                 continue
             base = {} if record.mod_type == "INSERT" else self.tables[table].get(key, {})
             self.tables[table][key] = base | new | keys
-            if table == "journal" and record.mod_type == "INSERT":
+            if table == "journal":  # never changed again: one INSERT (an UPDATE when polled)
                 self.journal_inserts[key] += 1
 
 

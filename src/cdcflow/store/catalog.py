@@ -87,10 +87,12 @@ def load_catalog(conn: sqlite3.Connection, version: int) -> Catalog:
         name: ChangeStreamDef.from_json(json.loads(definition))
         for name, definition in conn.execute("SELECT name, definition FROM _streams")
     }
-    indexes = {
+    has_indexes = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                               "name = '_indexes'").fetchone()  # a file from before them,
+    indexes = {  # opened without `initialise` (a reader): it has none
         name: IndexDef.from_json(name, storage, json.loads(definition))
-        for name, definition, storage in conn.execute(
-            "SELECT name, definition, storage FROM _indexes")
+        for name, definition, storage in (conn.execute(
+            "SELECT name, definition, storage FROM _indexes") if has_indexes else ())
     }
     return Catalog(version, tables, streams, indexes)
 

@@ -152,3 +152,18 @@ def _write_new_rows(path: str, first: int, count: int) -> None:
     for number in range(first, first + count):
         write(database, number, 1)
     database.close()
+
+
+def test_a_file_from_before_indexes_still_opens_for_reading(db: Database):
+    """A reader that opens a file without initialising it (the Spark source does) must not
+    fail on a file made before the _indexes table existed."""
+    import sqlite3
+
+    from cdcflow.store.catalog import load_catalog
+
+    db.ddl(SINGERS)
+    conn = sqlite3.connect(db.path)
+    conn.execute("DROP TABLE _indexes")
+    catalog = load_catalog(conn, 1)
+    conn.close()
+    assert catalog.indexes == {} and "Singers" in catalog.tables

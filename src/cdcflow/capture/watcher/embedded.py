@@ -8,6 +8,7 @@ from typing import Any
 from cdcflow.capture.embedded import source_object
 from cdcflow.capture.source import SourceObject
 from cdcflow.capture.watcher.config import WatchedTable
+from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.errors import InvalidArgument
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store.database import Database
@@ -22,6 +23,7 @@ class EmbeddedTarget:
         """The watched tables, each checked: its commit-timestamp column is a TIMESTAMP and
         its shard column, when it has one, an INT64."""
         found = []
+        self.database.tables()  # reloads the schema another process may have changed
         for table in tables:
             schema = self.database.table_schema(table.name)
             stamp = schema.column(table.commit_timestamp_column)
@@ -36,10 +38,11 @@ class EmbeddedTarget:
         return found
 
     def horizon(self) -> int:
-        """The safe time (micros): every commit at or before it is visible, and no commit
-        can come later with an earlier timestamp, since timestamps are assigned inside the
-        write lock. The commit-timestamp column must be written with COMMIT_TIMESTAMP."""
-        return to_micros(self.database.current_timestamp())
+        """The safe time (micros), closed up to now first: every commit at or before it is
+        visible, and no commit can come later with an earlier timestamp, since timestamps
+        are assigned inside the write lock after every closed time. The commit-timestamp
+        column must be written with COMMIT_TIMESTAMP."""
+        return to_micros(self.database.close_until(SYSTEM_CLOCK.now()))
 
     def index_for(self, table: WatchedTable) -> str | None:
         wanted = (table.shard_column, table.commit_timestamp_column) if table.shard_column \

@@ -34,6 +34,8 @@ from cdcflow.store.changelog import ChangeLog
 from cdcflow.store.indexes import PolledRow
 
 CHANGE_STREAM = "changes"
+PAST_EVERY_KEY = "\U0010ffff"
+"""A cursor key after every encoded key: the snapshot holds every row of its timestamp."""
 MIN_INTERVAL = 0.1
 
 
@@ -56,6 +58,9 @@ class WatcherSource:
             self._objects = {o.name: o for o in self.discover()}
         return self._objects
 
+    def forget_objects(self) -> None:
+        self._objects = None
+
     def log_location(self) -> tuple[str, str]:
         return self.config.log_path, CHANGE_STREAM
 
@@ -72,7 +77,7 @@ class WatcherSource:
             return Snapshot(from_micros(when), resume, from_micros(int(resume["cdc_start"])))
         when = self.target.horizon()
         self.target.database.pin_snapshot(self.source_id, from_micros(when))
-        position = {"horizon": when, "cursors": {t.name: [when, ""] for t in
+        position = {"horizon": when, "cursors": {t.name: [when, PAST_EVERY_KEY] for t in
                                                  self.config.tables}}
         start = to_micros(log.current_timestamp()) + 1
         log.forget_position(self.source_id)
@@ -164,6 +169,9 @@ class Poller:
         """A page's rows, with the cursors after it; the horizon moves only once a round
         has drained every table (see `round`)."""
         item = self.source.objects()[table.name]
+        if set(rows[-1].row) - {c.name for c in item.columns}:  # a column was added
+            self.source.forget_objects()
+            item = self.source.objects()[table.name]
         self._save({"horizon": self.position["horizon"], "cursors": dict(cursors)},
                    transactions(item, rows, self.source.source_id))
 
