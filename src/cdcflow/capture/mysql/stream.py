@@ -122,6 +122,10 @@ class BinlogCapture:
                             WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
                             HeartbeatLogEvent],
             "enable_logging": False,
+            # A table map is parsed once per table id: the server gives a table a new id
+            # whenever its definition changes (ALTER, or its share reopened), and ids are
+            # not reused while it runs (a restart rotates the binlog, which clears them).
+            "freeze_schema": True,
         }
         if self.settings.mariadb:
             options |= {"is_mariadb": True, "auto_position": self.gtid.text()}
