@@ -124,12 +124,15 @@ def partition(conn: sqlite3.Connection, stream: str, token: str) -> PartitionRow
 
 
 def refresh_record_counts(conn: sqlite3.Connection, stream: str) -> None:
-    """Count the retained data records of every active partition (for the policy)."""
+    """Count the retained records of every active partition (for the policy). The count
+    reads only the primary-key index: filtering on `kind` read every row, a cost that grew
+    with the log (an active partition holds data records, and at most its own
+    child-partitions record besides)."""
     conn.execute(
         "UPDATE _partitions SET records = (SELECT COUNT(*) FROM _log AS l WHERE "
-        "l.stream = _partitions.stream AND l.token = _partitions.token AND l.kind = ?) "
+        "l.stream = _partitions.stream AND l.token = _partitions.token) "
         "WHERE stream = ? AND end_micros IS NULL",
-        (LOG_DATA, stream),
+        (stream,),
     )
 
 

@@ -150,8 +150,8 @@ class BinlogCapture:
         watcher.start()
         try:
             while not stop.is_set():
-                if self.unsaved is not None and self._batch_due():
-                    self._flush()
+                if self.unsaved is not None and self.group is None and self._batch_due():
+                    self._flush()  # checked between transactions only: select() is a call
                 try:
                     event = self.stream.fetchone()
                 except Exception:
