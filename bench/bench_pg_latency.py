@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -28,16 +27,14 @@ from pathlib import Path
 
 import psycopg2
 
-from cdcflow.events.files import read_json_events
 from cdcflow.localdb import LocalPostgres
-from cdcflow.store.log import LOG_DATA
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
-from cdcflow.table import CdcTable
+from latencykit import POLL_PAUSE, Seen, logged_at
 from pgkit import PASSWORD_ENV, pgbench, start_server, wait_until
 
 GOAL_P50, GOAL_P99 = 0.5, 2.0
-POLL_PAUSE = 0.05  # seconds between polls: the resolution is this plus one poll
+
 
 
 def define(catalog: Catalog, server: LocalPostgres, folder: Path) -> None:
@@ -70,60 +67,6 @@ def probe(server: LocalPostgres, stop: threading.Event, every: float,
     conn.close()
 
 
-class Seen:
-    """When each probe row first showed in the CDC table and in a committed event file."""
-
-    def __init__(self, folder: Path, committed: dict[int, float]) -> None:
-        self.folder, self.committed = folder, committed
-        self.table: dict[int, float] = {}
-        self.events: dict[int, float] = {}
-        self.manifests: set[Path] = set()
-        self.polls: list[float] = []
-
-    def poll_table(self, table: CdcTable) -> None:
-        began = time.time()
-        pending = [(n,) for n in list(self.committed) if n not in self.table]
-        if pending:
-            for key in table.lookup(pending):
-                self.table.setdefault(int(key[0]), time.time())
-        self.polls.append(time.time() - began)
-
-    def poll_events(self) -> None:
-        stream = self.folder / "events" / "latency"
-        for manifest in sorted(set((stream / "_manifests").glob("batch-*.json"))
-                               - self.manifests):
-            self.manifests.add(manifest)
-            for entry in json.loads(manifest.read_text())["files"]:
-                if "public.probe" in entry["path"]:
-                    for event in read_json_events(stream / entry["path"]):
-                        self.events.setdefault(int(event["payload"]["id"]), time.time())
-
-    def poll(self, stop: threading.Event) -> None:
-        root = self.folder / "warehouse" / "public.probe"
-        table = wait_until(lambda: root.exists() and CdcTable.open(root), 300,
-                           "the probe's CDC table")
-        while not stop.is_set():
-            self.poll_table(table)
-            self.poll_events()
-            time.sleep(POLL_PAUSE)  # a pause, so the poller leaves the cores to the pipeline
-
-    def has_all(self) -> bool:
-        return all(n in self.table and n in self.events for n in list(self.committed))
-
-
-def logged_at(log_path: Path) -> dict[int, float]:
-    """When each probe row was appended to the change log (the log's commit time)."""
-    found: dict[int, float] = {}
-    with sqlite3.connect(f"file:{log_path}?mode=ro", uri=True) as conn:
-        for micros, body in conn.execute("SELECT commit_micros, body FROM _log WHERE kind = ?",
-                                         (LOG_DATA,)):
-            record = json.loads(body)
-            if record["table_name"] == "public.probe":
-                for mod in record["mods"]:
-                    found[int(mod["keys"]["id"])] = micros / 1e6
-    return found
-
-
 def percentiles(delays: list[float]) -> str:
     cuts = statistics.quantiles(delays, n=100)
     return f"p50 {cuts[49] * 1000:,.0f} ms, p99 {cuts[98] * 1000:,.0f} ms (n={len(delays)})"
@@ -137,7 +80,7 @@ def measure(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> No
          str(folder / "catalog.db"), "--master", "local[2]"], start_new_session=True,
         stdout=open(folder / "runner.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
     committed: dict[int, float] = {}
-    seen, stop = Seen(folder, committed), threading.Event()
+    seen, stop = Seen(folder, committed, "public.probe"), threading.Event()
     poller = threading.Thread(target=seen.poll, args=(stop,))
     try:
         wait_until(lambda: catalog.get("latency").state.value == "RUNNING", 300, "RUNNING")
@@ -162,7 +105,7 @@ def measure(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> No
         stop.set()
         os.killpg(runner.pid, signal.SIGINT)
         runner.wait(120)
-    report(seen, first, logged_at(folder / "logs" / "latency.db"),
+    report(seen, first, logged_at(folder / "logs" / "latency.db", "public.probe"),
            catalog.status("latency"), args)
 
 
