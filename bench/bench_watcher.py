@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow import COMMIT_TIMESTAMP, Database
-from cdcflow.capture.watcher.config import WatchedTable, WatcherConfig
+from cdcflow.capture.watcher.config import EmbeddedTargetConfig, WatchedTable, WatcherConfig
 from cdcflow.capture.watcher.source import Poller, WatcherSource
 from cdcflow.follow import follow_change_stream
 from cdcflow.model.timestamps import to_micros
@@ -59,8 +59,8 @@ def upsert(database: Database, first: int, count: int) -> None:
 def watcher_on(folder: Path, database: Database, shard: str | None) -> WatcherSource:
     table = WatchedTable("Singers", "LastModified", shard,
                          tuple(range(-18, 19)) if shard else None)
-    return WatcherSource(WatcherConfig(database.path, (table,), str(folder / "log.db"),
-                                       page_rows=5_000))
+    return WatcherSource(WatcherConfig(EmbeddedTargetConfig(database.path), (table,),
+                                       str(folder / "log.db"), page_rows=5_000))
 
 
 def detection(folder: Path, rows: int, layout: str) -> tuple[float, float]:

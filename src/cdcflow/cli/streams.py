@@ -66,8 +66,8 @@ def source_label(definition: StreamDefinition) -> str:
         case MySqlSource(host=host, port=port, user=user, databases=databases):
             return f"mysql: {user}@{host}:{port} / {', '.join(databases)}"
         case WatcherSource(target=target, tables=tables):
-            return f"watcher: {target.kind} {target.database} / " \
-                   f"{', '.join(t.name for t in tables)}"
+            where = target.database if target.kind == "embedded" else describe_dsn(target.dsn)
+            return f"watcher: {target.kind} {where} / {', '.join(t.name for t in tables)}"
     raise AssertionError(definition.source)
 
 

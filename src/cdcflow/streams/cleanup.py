@@ -17,7 +17,7 @@ from pathlib import Path
 from cdcflow.capture.watcher.source import WatcherSource as WatcherChangeSource
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import FailedPrecondition, InvalidArgument
-from cdcflow.model.timestamps import from_micros
+from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import WatcherSource
@@ -60,9 +60,7 @@ def cleanup(catalog: Catalog, name: str, table: str, older_than: timedelta,
                 f"lag plus one poll interval ({shortest.total_seconds():.1f} s): rows it has "
                 "not polled yet would lose their commit timestamp and never be seen")
         cutoff = min(now - older_than, horizon)
-        column = watched[table].commit_timestamp_column
-        rows = source.target.database.partitioned_update(table, {column: None}, column,
-                                                         cutoff, batch_rows)
+        rows = source.target.clean(source.config.table(table), to_micros(cutoff), batch_rows)
         return Cleaned(table, cutoff.isoformat(), rows)
     finally:
         source.close()

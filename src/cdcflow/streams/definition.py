@@ -21,6 +21,15 @@ from cdcflow.errors import InvalidArgument
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+
+def _checked_dsn(dsn: str) -> str:
+    from cdcflow.capture.postgres.connection import check_dsn
+
+    try:
+        return check_dsn(dsn)
+    except InvalidArgument as error:
+        raise ValueError(str(error)) from None
+
 class EmbeddedSource(BaseModel):
     """The embedded database and the change stream to read."""
 
@@ -52,12 +61,7 @@ class PostgresSource(BaseModel):
     @field_validator("dsn")
     @classmethod
     def _no_password(cls, dsn: str) -> str:
-        from cdcflow.capture.postgres.connection import check_dsn
-
-        try:
-            return check_dsn(dsn)
-        except InvalidArgument as error:
-            raise ValueError(str(error)) from None
+        return _checked_dsn(dsn)
 
     @field_validator("numeric_precision")
     @classmethod
@@ -97,6 +101,10 @@ class WatchedTable(BaseModel):
     commit_timestamp_column: str = Field(min_length=1)
     shard_column: str | None = Field(default=None, min_length=1)
     shard_values: tuple[int, int] | dict[Literal["in"], tuple[int, ...]] | None = None
+    soft_delete_column: str | None = Field(default=None, min_length=1)
+    """A boolean column: a row polled with it true arrives as a delete."""
+    deletes_table: str | None = Field(default=None, min_length=1)
+    """PostgreSQL: the table a delete trigger fills (`cdcflow watcher prepare-postgres`)."""
 
     @model_validator(mode="after")
     def _shards(self) -> WatchedTable:
@@ -123,16 +131,40 @@ class EmbeddedTarget(BaseModel):
     database: str = Field(min_length=1)
 
 
+class PostgresWatchTarget(BaseModel):
+    model_config = _FROZEN
+    kind: Literal["postgres"]
+    dsn: str = Field(min_length=1)
+    password_env: str | None = None
+    horizon_margin_seconds: float = Field(default=0.2, ge=0, le=60)
+
+    @field_validator("dsn")
+    @classmethod
+    def _no_password(cls, dsn: str) -> str:
+        return _checked_dsn(dsn)
+
+
 class WatcherSource(BaseModel):
     """Tables polled on their commit-timestamp column (seed 001)."""
 
     model_config = _FROZEN
     kind: Literal["watcher"]
-    target: EmbeddedTarget
+    target: EmbeddedTarget | PostgresWatchTarget = Field(discriminator="kind")
     tables: tuple[WatchedTable, ...] = Field(min_length=1)
     poll_interval_seconds: float = Field(default=1.0, ge=0.1, le=3600)
     adaptive: bool = True
     page_rows: int = Field(default=1_000, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _deletes_tables(self) -> WatcherSource:
+        for table in self.tables:
+            if self.target.kind == "postgres" and "." not in table.name:
+                raise ValueError(f"table {table.name!r}: name PostgreSQL tables as "
+                                 "schema.table")
+            if table.deletes_table is not None and self.target.kind != "postgres":
+                raise ValueError(f"table {table.name!r}: deletes_table is for PostgreSQL "
+                                 "targets; use soft_delete_column")
+        return self
 
 
 Source = Annotated[EmbeddedSource | PostgresSource | MySqlSource | WatcherSource,

@@ -11,13 +11,18 @@ from cdcflow.capture.mysql.source import MySqlSource as MySqlChangeSource
 from cdcflow.capture.postgres.source import PostgresConfig
 from cdcflow.capture.postgres.source import PostgresSource as PostgresChangeSource
 from cdcflow.capture.source import ChangeSource, WorkerHooks
+from cdcflow.capture.watcher.config import (
+    EmbeddedTargetConfig,
+    PostgresTargetConfig,
+    WatcherConfig,
+)
 from cdcflow.capture.watcher.config import WatchedTable as ConfiguredTable
-from cdcflow.capture.watcher.config import WatcherConfig
 from cdcflow.capture.watcher.source import WatcherSource as WatcherChangeSource
 from cdcflow.streams.definition import (
     EmbeddedSource,
     MySqlSource,
     PostgresSource,
+    PostgresWatchTarget,
     StreamDefinition,
     WatcherSource,
 )
@@ -53,11 +58,20 @@ def open_source(definition: StreamDefinition, home: str | Path,
                 hooks=hooks)
         case WatcherSource() as source:
             return WatcherChangeSource(WatcherConfig(
-                source.target.database, tuple(ConfiguredTable(
-                    t.name, t.commit_timestamp_column, t.shard_column, t.shards())
+                watch_target(source), tuple(ConfiguredTable(
+                    t.name, t.commit_timestamp_column, t.shard_column, t.shards(),
+                    t.soft_delete_column, t.deletes_table)
                     for t in source.tables), log_path(definition, home),
                 source.poll_interval_seconds, source.adaptive, source.page_rows), hooks=hooks)
     raise AssertionError(f"unhandled source {definition.source!r}")
+
+
+def watch_target(source: WatcherSource) -> EmbeddedTargetConfig | PostgresTargetConfig:
+    target = source.target
+    if isinstance(target, PostgresWatchTarget):
+        return PostgresTargetConfig(target.dsn, target.password_env,
+                                    target.horizon_margin_seconds)
+    return EmbeddedTargetConfig(target.database)
 
 
 def remove_source(definition: StreamDefinition, home: str | Path) -> None:

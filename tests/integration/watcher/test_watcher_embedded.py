@@ -169,3 +169,41 @@ def test_a_watcher_stream_through_the_runner_fills_its_cdc_table(spark: Any, tmp
         for e in polled)
     assert {e.read_method for e in events} == {"watcher-cdc-poll", "watcher-backfill-scan"}
     database.close()
+
+
+def test_a_soft_delete_column_turns_a_polled_row_into_a_delete(tmp_path: Path):
+    """Hard deletes are invisible to polling; a row polled with its soft-delete column true
+    is logged as a DELETE of its key, and one set back to false as the row again."""
+    from cdcflow.capture.watcher.config import (
+        EmbeddedTargetConfig,
+        WatchedTable,
+        WatcherConfig,
+    )
+    from cdcflow.capture.watcher.source import Poller, WatcherSource
+
+    db_path = str(tmp_path / "shop.db")
+    database = Database.open(db_path)
+    database.ddl(["CREATE TABLE Items (Id INT64 NOT NULL, Name STRING(MAX), Deleted BOOL, "
+                  "LastModified TIMESTAMP OPTIONS (allow_commit_timestamp = true)) "
+                  "PRIMARY KEY (Id)"])
+    source = WatcherSource(WatcherConfig(EmbeddedTargetConfig(db_path), (WatchedTable(
+        "Items", "LastModified", soft_delete_column="Deleted"),), str(tmp_path / "log.db")))
+    snapshot = source.snapshot(source.discover(), None)
+    source.release(snapshot)
+    log = open_log(source.log_location()[0])
+    poller = Poller(source, log, log.position(source.source_id).position)
+    logged = []
+    for deleted in (False, True, False):
+        with database.transaction() as tx:
+            tx.insert_or_update("Items", {"Id": 1, "Name": f"n{deleted}", "Deleted": deleted,
+                                          "LastModified": COMMIT_TIMESTAMP})
+        poller.round()
+        records = follow_change_stream(log, "changes", snapshot.cdc_start,
+                                       log.current_timestamp()).records
+        logged = [(r.mod_type, keys, new) for r in records for keys, new, _ in
+                  r.decoded_mods()]
+    assert [(m, k) for m, k, _ in logged] == [("UPDATE", {"Id": 1}), ("DELETE", {"Id": 1}),
+                                               ("UPDATE", {"Id": 1})]
+    assert logged[1][2] == {} and logged[2][2]["Name"] == "nFalse"
+    source.close()
+    database.close()

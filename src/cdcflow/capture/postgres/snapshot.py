@@ -26,7 +26,7 @@ def read_chunk(conn: Any, item: SourceObject, after: Any, first: str | None,
         sql.Identifier(c.name), sql.Identifier(f"_cdcflow_{i}"))
         for i, c in enumerate(item.columns))
     source = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
-    _as_output_text(conn, sql.SQL("SELECT {} FROM {} LIMIT 0").format(texts, source))
+    as_output_text(conn, sql.SQL("SELECT {} FROM {} LIMIT 0").format(texts, source))
     order_list = sql.SQL(", ").join(order)
     seen = sql.SQL("TRUE") if item.primary_key or first is None else _visible_in(first)
     where = sql.SQL("") if after is None else sql.SQL(" AND ({}) > ({})").format(
@@ -61,7 +61,7 @@ def _visible_in(snapshot: str) -> Any:
                             sql.Literal(ids or [-1]))
 
 
-def _as_output_text(conn: Any, query: Any) -> None:
+def as_output_text(conn: Any, query: Any) -> None:
     """Have `conn` return the columns of `query` as their types' output text, exactly what
     pgoutput sends (a `::text` cast differs for some types: bool gives true, char trims)."""
     with conn.cursor() as cur:

@@ -24,18 +24,21 @@ from collections.abc import Iterable
 from typing import Any
 
 from cdcflow.capture.source import RowSink, Snapshot, SourceObject, WorkerHooks
-from cdcflow.capture.watcher.config import WatchedTable, WatcherConfig
+from cdcflow.capture.watcher.config import (
+    EmbeddedTargetConfig,
+    Polled,
+    WatchedTable,
+    WatcherConfig,
+)
 from cdcflow.capture.watcher.embedded import EmbeddedTarget
+from cdcflow.capture.watcher.postgres import PostgresTarget
 from cdcflow.errors import FailedPrecondition, InvalidArgument
 from cdcflow.model.changes import SourceChange, SourceTransaction
 from cdcflow.model.source import WATCHER, SourceMetadata
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store.changelog import ChangeLog
-from cdcflow.store.indexes import PolledRow
 
 CHANGE_STREAM = "changes"
-PAST_EVERY_KEY = "\U0010ffff"
-"""A cursor key after every encoded key: the snapshot holds every row of its timestamp."""
 MIN_INTERVAL = 0.1
 
 
@@ -46,8 +49,10 @@ class WatcherSource:
     def __init__(self, config: WatcherConfig, hooks: WorkerHooks | None = None) -> None:
         self.config = config
         self.hooks = hooks or WorkerHooks()
-        self.target = EmbeddedTarget(config.database)
-        self.source_id = f"watcher:embedded:{config.database}"
+        self.target: EmbeddedTarget | PostgresTarget = EmbeddedTarget(
+            config.target.database) if isinstance(config.target, EmbeddedTargetConfig) \
+            else PostgresTarget(config.target)
+        self.source_id = self.target.source_id
         self._objects: dict[str, SourceObject] | None = None
 
     def discover(self) -> list[SourceObject]:
@@ -73,12 +78,12 @@ class WatcherSource:
         log.ensure_change_stream(CHANGE_STREAM)
         if resume is not None:
             when = int(resume["horizon"])
-            self.target.database.pin_snapshot(self.source_id, from_micros(when))
+            self.target.pin(self.source_id, when)
             return Snapshot(from_micros(when), resume, from_micros(int(resume["cdc_start"])))
         when = self.target.horizon()
-        self.target.database.pin_snapshot(self.source_id, from_micros(when))
-        position = {"horizon": when, "cursors": {t.name: [when, PAST_EVERY_KEY] for t in
-                                                 self.config.tables}}
+        self.target.pin(self.source_id, when)
+        position = {"horizon": when, "cursors": {t.name: self.target.start_cursor(when)
+                                                 for t in self.config.tables}}
         start = to_micros(log.current_timestamp()) + 1
         log.forget_position(self.source_id)
         log.advance(self.source_id, None, position)
@@ -86,29 +91,25 @@ class WatcherSource:
 
     def backfill(self, snapshot: Snapshot, objects: list[SourceObject], sink: RowSink,
                  resume: dict[str, Any] | None = None) -> None:
-        """The rows as of the snapshot, in encoded-key order; a resume token is a key."""
-        database = self.target.database
+        """The rows as of the snapshot's horizon, in key order; a resume token is a key."""
+        when = to_micros(snapshot.read_timestamp)
         for item in objects:
             after = (resume or {}).get(item.name)
             if after == "done":
                 continue
-            schema = database.table_schema(item.name)
-            keyed = sorted((schema.encode_key(schema.key_of(r)), r) for r in database.scan(
-                item.name, read_timestamp=snapshot.read_timestamp))
-            keyed = [pair for pair in keyed if after is None or pair[0] > after]
-            names = [c.name for c in item.columns]
-            for start in range(0, len(keyed), self.config.chunk_rows):
-                chunk = keyed[start:start + self.config.chunk_rows]
-                sink(item, [{n: r.get(n) for n in names} for _, r in chunk], chunk[-1][0])
+            for rows, token in self.target.backfill_chunks(item, when, after,
+                                                           self.config.chunk_rows):
+                sink(item, rows, token)
 
     def release(self, snapshot: Snapshot | None) -> None:
-        self.target.database.release_snapshot(self.source_id)
+        self.target.release(self.source_id)
 
     def capture(self, log: ChangeLog, stop: threading.Event) -> None:
         stored = log.position(self.source_id)
         if stored is None:
             raise FailedPrecondition(f"no watcher position is stored for {self.source_id}; "
                                      "a backfill sets it")
+        self.objects()  # checks the tables, and tells the target their columns
         Poller(self, log, stored.position).run(stop)
 
     def mark(self) -> dict[str, Any]:
@@ -153,18 +154,18 @@ class Poller:
         cursors = dict(self.position["cursors"])
         found, full = 0, False
         for table in self.config.tables:
-            rows = self.source.target.poll(table, tuple(cursors[table.name]), horizon,
+            page = self.source.target.poll(table, cursors[table.name], horizon,
                                            self.config.page_rows)
-            if rows:
-                cursors[table.name] = [to_micros(rows[-1].cursor), rows[-1].key]
-                self._append(table, rows, cursors)
-                found += len(rows)
-            full = full or len(rows) >= self.config.page_rows
+            cursors[table.name] = page.cursor
+            if page.rows:
+                self._append(table, page.rows, cursors)
+                found += len(page.rows)
+            full = full or page.full
         if not full and horizon > int(self.position["horizon"]):
             self._save({"horizon": horizon, "cursors": cursors}, ())
         return found, full
 
-    def _append(self, table: WatchedTable, rows: list[PolledRow],
+    def _append(self, table: WatchedTable, rows: list[Polled],
                 cursors: dict[str, Any]) -> None:
         """A page's rows, with the cursors after it; the horizon moves only once a round
         has drained every table (see `round`)."""
@@ -172,8 +173,10 @@ class Poller:
         if set(rows[-1].row) - {c.name for c in item.columns}:  # a column was added
             self.source.forget_objects()
             item = self.source.objects()[table.name]
+        encode = self.source.target.encode
         self._save({"horizon": self.position["horizon"], "cursors": dict(cursors)},
-                   transactions(item, rows, self.source.source_id))
+                   transactions(item, table, [(p, encode(item, p.row)) for p in rows],
+                                self.source.source_id))
 
     def _save(self, position: dict[str, Any], batch: Iterable[SourceTransaction]) -> None:
         batch = list(batch)
@@ -184,19 +187,20 @@ class Poller:
         self.position = position
 
 
-def transactions(item: SourceObject, rows: list[PolledRow],
+def transactions(item: SourceObject, table: WatchedTable, rows: list[tuple[Polled, dict[str, Any]]],
                  target: str) -> list[SourceTransaction]:
-    """One transaction per commit timestamp, in poll order: whole rows as UPDATEs."""
+    """One transaction per commit timestamp, in poll order: whole rows as UPDATEs, and
+    DELETEs for deleted rows and rows whose soft-delete column is true."""
     keys, types = set(item.primary_key), item.column_types()
     grouped: dict[int, list[SourceChange]] = {}
-    for polled in rows:
-        micros = to_micros(polled.cursor)
-        row = item.encoded(polled.row)
-        grouped.setdefault(micros, []).append(SourceChange(
-            item.name, "UPDATE", {k: v for k, v in row.items() if k in keys},
-            {k: v for k, v in row.items() if k not in keys}, {}, types, "NEW_ROW",
-            {"commit_timestamp": micros, "key": polled.key}))
+    for polled, row in rows:
+        deleted = polled.deleted or (table.soft_delete_column is not None and
+                                     row.get(table.soft_delete_column) is True)
+        grouped.setdefault(polled.micros, []).append(SourceChange(
+            item.name, "DELETE" if deleted else "UPDATE",
+            {k: v for k, v in row.items() if k in keys},
+            {} if deleted else {k: v for k, v in row.items() if k not in keys}, {}, types,
+            "NEW_ROW", {"commit_timestamp": polled.micros, "key": polled.key}))
     return [SourceTransaction(SourceMetadata(WATCHER.cdc_method, from_micros(micros),
                                              str(micros), {"target": target}), tuple(changes))
             for micros, changes in grouped.items()]
-
