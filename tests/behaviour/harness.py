@@ -506,5 +506,58 @@ class WatcherHarness(EmbeddedHarness):
             target=watched_writer, args=(self.path, seed, transactions, first_journal_id))
 
 
+# ---- the polling watcher over PostgreSQL ------------------------------------------------------
+
+class PostgresWatcherHarness(PostgresHarness):
+    """PostgreSQL tables made watchable by `prepare_table` (a stamp trigger, a partial index
+    and a trigger-fed deletes table), so the writers are PostgresHarness's own, hard deletes
+    included: the deletes table makes them visible."""
+
+    name = "watcher-postgres"
+    kill_rounds, round_transactions = 8, 150
+
+    def setup(self, folder: Path) -> None:
+        from cdcflow.capture.watcher.pg_schema import prepare_table
+
+        super().setup(folder)
+        self.server.sql("postgres", "GRANT pg_read_all_stats TO cdc")
+        for table in ("accounts", "journal"):
+            prepare_table(self.conn, f"public.{table}", "ts",
+                          deletes_table=f"public.{table}_deletes")
+        self.conn.commit()
+
+    def source_profile(self) -> dict[str, Any]:
+        return {"kind": "watcher", "target": {"kind": "postgres", "dsn": self.server.dsn(),
+                                              "password_env": self.env,
+                                              "horizon_margin_seconds": 0.02},  # a snapshot
+                # among fast writers: the default 0.2 s leaves every row to the polls
+                "tables": [{"name": f"public.{t}", "commit_timestamp_column": "ts",
+                            "deletes_table": f"public.{t}_deletes"}
+                           for t in ("accounts", "journal")],
+                "poll_interval_seconds": 0.2, "page_rows": 20}
+
+    def bad_profiles(self) -> list[tuple[dict[str, Any], str]]:
+        good = self.source_profile()
+        target = good["target"]
+        return [
+            (good | {"target": target | {"dsn": target["dsn"] + " password=x"}},
+             "holds a password"),
+            (good | {"tables": [{"name": "accounts", "commit_timestamp_column": "ts"}]},
+             "schema.table"),
+            (good | {"target": {"kind": "embedded", "database": "x.db"}}, "deletes_table"),
+            (good | {"horizon": 1}, "horizon"),
+        ]
+
+    def unreachable_profile(self, folder: Path) -> tuple[dict[str, Any], str]:
+        from cdcflow.localdb import free_port
+
+        port = free_port()  # nothing listens there
+        dsn = f"host=127.0.0.1 port={port} dbname=shop user=cdc"
+        return (self.source_profile() | {"target": {"kind": "postgres", "dsn": dsn,
+                                                    "password_env": self.env}},
+                f"cannot connect to PostgreSQL at 127.0.0.1:{port}")
+
+
 HARNESSES: dict[str, type[Any]] = {"embedded": EmbeddedHarness, "postgres": PostgresHarness,
-                                   "mysql": MySqlHarness, "watcher": WatcherHarness}
+                                   "mysql": MySqlHarness, "watcher": WatcherHarness,
+                                   "watcher-postgres": PostgresWatcherHarness}

@@ -25,7 +25,7 @@ from psycopg2 import sql
 
 from cdcflow.capture.postgres.connection import typed
 from cdcflow.capture.watcher.config import WatchedTable
-from cdcflow.errors import InvalidArgument, NotFound
+from cdcflow.errors import CdcflowError, InvalidArgument, NotFound
 
 CLEANUP_SETTING = "cdcflow.watcher_cleanup"
 """Set to `on` in a transaction, it makes the stamp trigger stand aside (for cleanup)."""
@@ -56,28 +56,34 @@ def prepare_table(conn: Any, table: str, timestamp_column: str, *,
                   shard_column: str | None = None, shards: int | None = None,
                   processed_column: str | None = None,
                   deletes_table: str | None = None) -> list[str]:
-    """Create what the watcher needs on `table` (schema.table), in one transaction; return
-    the statements run. Running it again changes nothing."""
+    """Create what the watcher needs on `table` (schema.table), in one transaction that it
+    commits; return the statements run. Running it again changes nothing."""
     if (shard_column is None) != (shards is None) or (shards is not None and shards < 1):
         raise InvalidArgument(f"shard_column {shard_column!r} and shards {shards!r}: give "
                               "both, with shards at least 1, or neither")
     if processed_column is not None and shard_column is None:
         raise InvalidArgument(f"processed_column {processed_column!r} needs a shard column: "
                               "a processed row leaves the index through it (CW-7)")
-    statements = _statements(conn, table, timestamp_column, shard_column, shards,
-                             processed_column, deletes_table)
-    texts = [s.as_string(conn) for s in statements]
-    autocommit, conn.autocommit = conn.autocommit, False
+    autocommit = conn.autocommit
+    if autocommit:
+        conn.autocommit = False
     try:
+        statements = _statements(conn, table, timestamp_column, shard_column, shards,
+                                 processed_column, deletes_table)
+        texts = [s.as_string(conn) for s in statements]
         with conn.cursor() as cur:
             for text in texts:
                 cur.execute(text)
         conn.commit()
+    except CdcflowError:
+        conn.rollback()
+        raise
     except Exception as error:
         conn.rollback()
         raise typed(error, f"preparing {table!r} for the watcher") from None
     finally:
-        conn.autocommit = autocommit
+        if autocommit:
+            conn.autocommit = True
     return texts
 
 

@@ -50,6 +50,12 @@ SELECT a.attname, t.typname FROM pg_attribute a
   JOIN pg_type t ON t.oid = a.atttypid
  WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
 """
+_COLUMN_COUNT = """
+SELECT count(*) FROM pg_attribute a
+  JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+   AND a.attgenerated = ''
+"""
 _WANTED_TYPES = {"commit_timestamp_column": ("timestamptz",),
                  "shard_column": ("int2", "int4", "int8"), "soft_delete_column": ("bool",)}
 
@@ -89,6 +95,16 @@ class PostgresTarget:
         self._objects = {o.name: o for o in found}
         self._tables = tables
         return found
+
+    def _follow_columns(self, table: WatchedTable) -> None:
+        """Read the tables again when `table` gained or lost a column since, so that polls
+        select it (the poller then sees a new column in the rows and rediscovers)."""
+        with self.conn.cursor() as cur:
+            cur.execute(_COLUMN_COUNT, split_name(table.name))
+            count = int(cur.fetchone()[0])
+        if count != len(self._objects[table.name].columns):
+            self._as_text.clear()
+            self.objects(self._tables)
 
     def _check_columns(self, table: WatchedTable) -> None:
         with self.conn.cursor() as cur:
@@ -139,6 +155,7 @@ class PostgresTarget:
     def poll(self, table: WatchedTable, cursor: Any, up_to: int, limit: int) -> Page:
         """Rows and deletes after their cursors, at or below `up_to`, merged in timestamp
         order (a delete before a row of the same time) and cut where a full page ends."""
+        self._follow_columns(table)
         rows = self._poll_rows(table, cursor["rows"], up_to, limit)
         deletes = [] if table.deletes_table is None else self._poll_deletes(
             table, cursor["deletes"], up_to, limit)
