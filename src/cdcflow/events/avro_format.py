@@ -33,7 +33,7 @@ _GENERIC_METADATA: dict[str, Any] = {
 }
 _GENERIC_DEFAULTS: dict[str, Any] = {
     "table": "", "change_type": "", "is_deleted": False, "primary_keys": []}
-_LONG_FIELDS = frozenset({"log_position"})
+_LONG_FIELDS = frozenset({"log_position", "versions_seen"})
 
 
 def _avro_type(ctype: ColumnType) -> Any:

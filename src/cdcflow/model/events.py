@@ -81,6 +81,10 @@ class Event:
         }
 
 
+_BACKFILL_DEFAULTS: dict[str, Any] = {"log_position": 0, "versions_seen": None}
+"""Source metadata of a backfill event, where a kind's field is not a string."""
+
+
 @lru_cache(maxsize=4096)
 def _millis_text(when: datetime) -> str:
     """Every event of a batch shares its read time, and those of a transaction their source
@@ -278,7 +282,7 @@ def backfill_event(
     identity = [c for c in column_types if c.is_primary_key] or list(column_types)
     key_text = json.dumps([encode_value(row[c.name], c.type) for c in identity])  # no key:
     # the whole row, so that a row read twice (a resumed backfill) keeps its uuid (EV-7)
-    metadata: dict[str, Any] = {name: "" if name != "log_position" else 0
+    metadata: dict[str, Any] = {name: _BACKFILL_DEFAULTS.get(name, "")
                                 for name in kind.fields}
     metadata |= {"database": database} if "database" in kind.fields else {}
     metadata |= object_parts(kind, table) | {

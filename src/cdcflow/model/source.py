@@ -150,7 +150,8 @@ MYSQL: Final = SourceKind(
     ("database", "log_file", "log_position"), ("database", "table"), _mysql_order,
 )
 WATCHER: Final = SourceKind(
-    "watcher", "watcher-cdc-poll", "watcher-backfill-scan", ("target",), None, _watcher_order,
+    "watcher", "watcher-cdc-poll", "watcher-backfill-scan", ("target", "versions_seen"), None,
+    _watcher_order,
 )
 KINDS: Final = (EMBEDDED, POSTGRES, MYSQL, WATCHER)
 

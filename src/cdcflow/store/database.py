@@ -179,6 +179,16 @@ class Database(ChangeLog):
             return indexes.poll(session.conn, found, catalog.table(found.table),
                                 catalog.storage(found.table), prefix, after, up_to, limit)
 
+    def count_versions(self, table: str, keys: list[str], after: datetime,
+                       up_to: datetime) -> dict[str, int]:
+        """Versions each encoded key of `table` has committed in (after, up_to], while the
+        version retention keeps them (how many changes a polled row stands for)."""
+        session = self._session()
+        with read_transaction(session.conn):
+            storage = session.refresh().storage(table)
+            return rows.count_versions(session.conn, storage, keys, to_micros(after),
+                                       to_micros(up_to))
+
     def explain_poll(self, index: str, prefix: Sequence[Sequence[Any]] = (),
                      after: tuple[Any, str] | None = None, up_to: Any = None,
                      limit: int = 1000) -> list[str]:

@@ -82,6 +82,20 @@ def scan_versions(
             yield json.loads(row)
 
 
+def count_versions(conn: sqlite3.Connection, storage: str, keys: list[str], after_micros: int,
+                   up_to_micros: int) -> dict[str, int]:
+    """How many versions (deletions too) each encoded key has in (after, up_to]."""
+    found: dict[str, int] = {}
+    for start in range(0, len(keys), 500):
+        chunk = keys[start:start + 500]
+        marks = ", ".join("?" * len(chunk))
+        found.update(conn.execute(
+            f"SELECT key, count(*) FROM {storage} WHERE key IN ({marks}) AND "
+            "commit_micros > ? AND commit_micros <= ? GROUP BY key",
+            [*chunk, after_micros, up_to_micros]).fetchall())
+    return found
+
+
 VersionRow = tuple[str, int, int, int, str | None]
 """(encoded key, commit micros, key hash, deleted, JSON row): one row of a storage table."""
 

@@ -168,6 +168,7 @@ def test_a_watcher_stream_through_the_runner_fills_its_cdc_table(spark: Any, tmp
             to_micros(e.source_timestamp) // 1000, f"[{e.payload['SingerId']}]")
         for e in polled)
     assert {e.read_method for e in events} == {"watcher-cdc-poll", "watcher-backfill-scan"}
+    assert all(e.source_metadata["versions_seen"] >= 1 for e in polled)
     database.close()
 
 
@@ -205,5 +206,34 @@ def test_a_soft_delete_column_turns_a_polled_row_into_a_delete(tmp_path: Path):
     assert [(m, k) for m, k, _ in logged] == [("UPDATE", {"Id": 1}), ("DELETE", {"Id": 1}),
                                                ("UPDATE", {"Id": 1})]
     assert logged[1][2] == {} and logged[2][2]["Name"] == "nFalse"
+    source.close()
+    database.close()
+
+
+def test_changes_between_two_polls_collapse_and_count_their_versions(tmp_path: Path):
+    """Three commits of one row between two rounds arrive as one event of its last state
+    that says it stands for 3 versions; a row changed once says 1."""
+    from cdcflow.capture.watcher.config import EmbeddedTargetConfig, WatchedTable, WatcherConfig
+    from cdcflow.capture.watcher.source import Poller, WatcherSource
+
+    db_path = str(tmp_path / "shop.db")
+    database = Database.open(db_path)
+    database.ddl([SINGERS, INDEX])
+    source = WatcherSource(WatcherConfig(EmbeddedTargetConfig(db_path), (WatchedTable(
+        "Singers", "LastModified", "ShardId", tuple(range(-18, 19))),), str(tmp_path / "l.db")))
+    snapshot = source.snapshot(source.discover(), None)
+    source.release(snapshot)
+    log = open_log(source.log_location()[0])
+    poller = Poller(source, log, log.position(source.source_id).position)
+    for number, first in ((1, "a"), (1, "b"), (2, "x"), (1, "c")):
+        with database.transaction() as tx:
+            tx.insert_or_update("Singers", {"SingerId": number, "FirstName": first,
+                                            "LastName": "l", "LastModified": COMMIT_TIMESTAMP})
+    poller.round()
+    records = follow_change_stream(log, "changes", snapshot.cdc_start,
+                                   log.current_timestamp()).records
+    seen = {int(m.keys["SingerId"]): (m.position.get("versions_seen"), m.new_values["FirstName"])
+            for r in records for m in r.mods}
+    assert seen == {1: (3, "c"), 2: (1, "x")}
     source.close()
     database.close()

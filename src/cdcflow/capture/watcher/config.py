@@ -58,13 +58,16 @@ class WatcherConfig:
 @dataclass(frozen=True, slots=True)
 class Polled:
     """A row a poll found: its commit timestamp (micros), its key as text (the cursor's
-    tie-breaker and the event's second sort key), the row, and whether it was deleted (then
-    the row holds only the key)."""
+    tie-breaker and the event's second sort key), the row, whether it was deleted (then the
+    row holds only the key), and how many versions it stands for."""
 
     micros: int
     key: str
     row: dict[str, Any]
     deleted: bool = False
+    versions: int | None = None
+    """Versions of the row committed since the previous round's horizon, where the database
+    keeps them (the embedded database); None where it cannot tell (PostgreSQL)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,9 +72,11 @@ class EmbeddedTarget:
         return next((i.name for i in self.database.indexes()
                      if i.table == table.name and i.columns == wanted), None)
 
-    def poll(self, table: WatchedTable, cursor: Any, up_to: int, limit: int) -> Page:
+    def poll(self, table: WatchedTable, cursor: Any, up_to: int, limit: int,
+             since: int | None = None) -> Page:
         """Rows with (commit timestamp, key) after the cursor and timestamp <= `up_to`, in
-        that order, at most `limit`; restricted to the table's shard values."""
+        that order, at most `limit`; restricted to the table's shard values. With `since`
+        (the previous round's horizon), each counts its versions committed after it."""
         after = (from_micros(cursor[0]), cursor[1])
         index = self.index_for(table)
         if index is not None:
@@ -83,7 +85,10 @@ class EmbeddedTarget:
                                              up_to=from_micros(up_to), limit=limit)
         else:
             found = self._scan(table, after, from_micros(up_to), limit)
-        rows = [Polled(to_micros(r.cursor), r.key, r.row) for r in found]
+        counts = {} if since is None or not found else self.database.count_versions(
+            table.name, [r.key for r in found], from_micros(since), from_micros(up_to))
+        rows = [Polled(to_micros(r.cursor), r.key, r.row, versions=counts.get(r.key))
+                for r in found]
         return Page(rows, [rows[-1].micros, rows[-1].key] if rows else cursor,
                     len(rows) >= limit)
 

@@ -152,9 +152,11 @@ class PostgresTarget:
     def encode(self, item: SourceObject, row: dict[str, Any]) -> dict[str, Any]:
         return row  # polls read the record encoding already
 
-    def poll(self, table: WatchedTable, cursor: Any, up_to: int, limit: int) -> Page:
+    def poll(self, table: WatchedTable, cursor: Any, up_to: int, limit: int,
+             since: int | None = None) -> Page:
         """Rows and deletes after their cursors, at or below `up_to`, merged in timestamp
-        order (a delete before a row of the same time) and cut where a full page ends."""
+        order (a delete before a row of the same time) and cut where a full page ends.
+        PostgreSQL keeps no versions to count (`since` is not used)."""
         self._follow_columns(table)
         rows = self._poll_rows(table, cursor["rows"], up_to, limit)
         deletes = [] if table.deletes_table is None else self._poll_deletes(

@@ -155,7 +155,8 @@ class Poller:
         found, full = 0, False
         for table in self.config.tables:
             page = self.source.target.poll(table, cursors[table.name], horizon,
-                                           self.config.page_rows)
+                                           self.config.page_rows,
+                                           since=int(self.position["horizon"]))
             cursors[table.name] = page.cursor
             if page.rows:
                 self._append(table, page.rows, cursors)
@@ -200,7 +201,8 @@ def transactions(item: SourceObject, table: WatchedTable, rows: list[tuple[Polle
             item.name, "DELETE" if deleted else "UPDATE",
             {k: v for k, v in row.items() if k in keys},
             {} if deleted else {k: v for k, v in row.items() if k not in keys}, {}, types,
-            "NEW_ROW", {"commit_timestamp": polled.micros, "key": polled.key}))
+            "NEW_ROW", {"commit_timestamp": polled.micros, "key": polled.key} | (
+                {} if polled.versions is None else {"versions_seen": polled.versions})))
     return [SourceTransaction(SourceMetadata(WATCHER.cdc_method, from_micros(micros),
                                              str(micros), {"target": target}), tuple(changes))
             for micros, changes in grouped.items()]
