@@ -1,4 +1,4 @@
-"""`cdcflow` commands: demo (the main job), run (the runner), streams, discover, watcher."""
+"""`cdcflow` commands: demo (the main job), run (the runner), streams, discover, watcher, verify."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import click
 from cdcflow.cli.demo import demo
 from cdcflow.cli.run import run
 from cdcflow.cli.streams import discover, streams
+from cdcflow.cli.verify import verify
 from cdcflow.cli.watcher import watcher
 
 
@@ -20,6 +21,7 @@ cli.add_command(run)
 cli.add_command(streams)
 cli.add_command(discover)
 cli.add_command(watcher)
+cli.add_command(verify)
 
 if __name__ == "__main__":
     cli()

@@ -87,17 +87,24 @@ class Catalog:
     def _now(self) -> float:
         return to_micros(self.clock.now()) / 1e6
 
-    def act(self, name: str, action: str) -> StreamState:
+    def act(self, name: str, action: str, note: tuple[str, dict[str, Any]] | None = None
+            ) -> StreamState:
         """Apply a state action; invalid ones raise naming the current state. `retries`
         counts consecutive failures: a retry adds one, a human's reset or resume clears it,
-        and `healthy` clears it once a stream has run well for a while."""
+        and `healthy` clears it once a stream has run well for a while. `note` (key, values)
+        is written to the status in the same transaction, with the time of the change, so
+        that a reader can tell it belongs to the state the stream is in now."""
         with self._write() as conn:
             current = self._row(conn, name)
             target = transition(current.state, action)
             retries = current.retries + 1 if action == "retry" else (
                 0 if action in ("reset", "resume", "start") else current.retries)
+            now = self._now()
             conn.execute("UPDATE streams SET state = ?, changed = ?, retries = ? "
-                         "WHERE name = ?", (target.value, self._now(), retries, name))
+                         "WHERE name = ?", (target.value, now, retries, name))
+            if note is not None:
+                conn.execute("INSERT OR REPLACE INTO status(stream, key, value) VALUES "
+                             "(?, ?, ?)", (name, note[0], json.dumps(note[1] | {"changed": now})))
             return target
 
     def healthy(self, name: str) -> None:

@@ -366,7 +366,7 @@ class Runner:
             self.applier.watch(name, setup.tables, setup.apply_seconds)
             self.applier.apply_due(name, force=True)
             self.applier.forget(name)
-            self.catalog.act(name, "drained")
+            self.catalog.act(name, "drained", ("drained", {"through": target}))
         except Exception as error:
             self._fail(name, "*", error)
 

@@ -8,6 +8,7 @@ import bisect
 import json
 import math
 import threading
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,13 @@ class CdcTable:
         parts += [data for data, _ in plan.touched.values()]
         return pa.concat_tables([conform(p, schema) for p in parts]) if parts else \
             schema.empty_table()
+
+    def applied_parts(self) -> Iterator[pa.Table]:
+        """The applied rows, one key range's file at a time (memory bounded by a range), from
+        one manifest: what `to_arrow` returns when nothing is pending."""
+        schema = self.schema
+        for entry in read_manifest(DeltaTable(str(self.root))).files:
+            yield conform(read_data(self.root, entry, schema), schema)
 
     def bulk_load(self, rows: pa.Table) -> dict[str, Any]:
         """Load an initial snapshot (a backfill) into an empty table in one commit, fast:

@@ -27,6 +27,7 @@ from cdcflow.streams.runner import Runner
 from cdcflow.table import CdcTable
 from tests.integration.postgres.test_postgres_rebackfill import kill_worker_mid_backfill, progress
 from tests.integration.postgres.test_postgres_stream import cli, wait
+from tests.integration.streams.test_verify import cli_verify
 
 pytestmark = pytest.mark.integration
 ROWS = 6_000
@@ -153,6 +154,10 @@ def test_a_table_backfilled_again_while_streaming_equals_the_source(
     assert state["id"] == request["id"] == swept["id"] and state["done"]
     assert swept["rows_deleted"] == ROWS - 4000  # exactly the rows the TRUNCATE took
     assert table_rows(root) == source_rows(maria, "items")
+    code, report = cli_verify(catalog_path, "my-again")  # the table is mended; the events
+    [items] = report["objects"]  # still hold the rows the TRUNCATE took (no event deletes
+    assert code == 1 and items["cdc_table"]["equal"], report  # them), and verify says so
+    assert (items["events"]["extra"], items["events"]["missing"]) == (ROWS - 4000, 0)
     errors = cli(catalog_path, "errors", "my-again")
     assert any(e["object"] == "shop.items" and "TRUNCATE" in e["message"] for e in errors)
 

@@ -23,7 +23,7 @@ from cdcflow.localdb import LocalPostgres
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.runner import Runner
 from cdcflow.streams.setup import prepare_stream
-from cdcflow.table import CdcTable
+from tests.integration.streams.test_verify import cli_verify
 
 pytestmark = pytest.mark.integration
 
@@ -105,11 +105,10 @@ def test_a_postgres_stream_end_to_end_through_the_cli_and_the_runner(
     finally:
         stop.set()
         thread.join(timeout=120)
-    with pg_conn.cursor() as cur:
-        cur.execute("SELECT id, owner, balance FROM accounts")
-        source = {r[0]: {"id": r[0], "owner": r[1], "balance": r[2]} for r in cur.fetchall()}
-    table = CdcTable.open(tmp_path / "warehouse" / "public.accounts")
-    assert {r["id"]: r for r in table.to_arrow().to_pylist()} == source
+    code, report = cli_verify(catalog_path, "pg-shop")  # the table and the events, by verify
+    assert code == 0 and report["how"] == "on a drained stream", report
+    assert [(o["object"], o["rows"]) for o in report["objects"]] == [
+        ("public.accounts", {"source": 46, "cdc_table": 46, "events_rebuilt": 46})]
     files = EventFileWriter(tmp_path / "events", "pg-shop").committed_files()
     events = [e for f in files for e in read_json_events(f)]
     history = [e for e in events if e["object"] == "public.history"]
