@@ -68,7 +68,8 @@ class _Runner:
         log = open(self.campaign.folder / f"runner-{self.starts}.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-             str(self.campaign.folder / "catalog.db"), "--master", "local[2]", "--json"],
+             str(self.campaign.folder / "catalog.db"), "--master", "local[2]", "--json",
+             "--lease-seconds", "3"],  # a killed runner's restart takes its lease soon
             env=os.environ | {PASSWORD_ENV: self.password}, start_new_session=True,
             stdout=log, stderr=subprocess.STDOUT)
 

@@ -132,7 +132,8 @@ class _Runner:
         with (self.folder / f"runner-{self.starts}.log").open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-                 str(self.folder / "catalog.db"), "--master", "local[2]", "--json"],
+                 str(self.folder / "catalog.db"), "--master", "local[2]", "--json",
+                 "--lease-seconds", "3"],  # a killed runner's restart takes its lease soon
                 env=os.environ | {PASSWORD_ENV: self.password}, start_new_session=True,
                 stdout=log, stderr=subprocess.STDOUT)
 

@@ -28,10 +28,13 @@ def spark_session(master: str, verbose: bool, log_path: Path) -> Any:
 
 
 def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float = 2.0,
-              as_json: bool = False) -> None:
+              as_json: bool = False, lease_seconds: float = 15.0) -> None:
     """Run the runner in a thread and show progress until `stop` is set: a live table on a
-    terminal, else a line per `every` seconds (JSON lines with `as_json`)."""
-    runner = Runner(catalog_path, spark)
+    terminal, else a line per `every` seconds (JSON lines with `as_json`). While another
+    runner holds the catalog's lease, this one waits and says so on stderr."""
+    runner = Runner(catalog_path, spark, lease_seconds=lease_seconds)
+    watch = threading.Thread(target=_report_standby, args=(runner, stop), daemon=True)
+    watch.start()
     thread = threading.Thread(target=runner.run, args=(stop,), name="cdcflow-runner")
     thread.start()
     catalog = Catalog(catalog_path)
@@ -49,6 +52,19 @@ def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float
         thread.join()
 
 
+def _report_standby(runner: Runner, stop: threading.Event) -> None:
+    """A line on stderr whenever this runner starts or stops waiting for the lease."""
+    waiting = False
+    while not stop.wait(0.5):
+        other = runner.lease.other
+        if (other is not None) != waiting:
+            waiting = other is not None
+            click.echo(f"standby: runner {other[0]} holds this catalog's lease; this runner "
+                       "takes its streams over if it stops renewing it" if other else
+                       "this runner holds the catalog's lease and drives its streams",
+                       err=True)
+
+
 @click.command()
 @click.option("--catalog", default=DEFAULT_CATALOG, show_default=True)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
@@ -56,7 +72,10 @@ def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float
 @click.option("--verbose", is_flag=True,
               help="Show Spark's output and progress bars (else: logs/spark.log beside the "
                    "catalog).")
-def run(catalog: str, master: str, as_json: bool, verbose: bool) -> None:
+@click.option("--lease-seconds", default=15.0, show_default=True,
+              help="How long the catalog's runner lease lasts unrenewed: a second runner on "
+                   "the catalog waits, and takes over this long after the first one dies.")
+def run(catalog: str, master: str, as_json: bool, verbose: bool, lease_seconds: float) -> None:
     """Supervise streams until Ctrl-C; states stay in the catalog for the next run."""
     stop = threading.Event()
     log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
@@ -68,7 +87,7 @@ def run(catalog: str, master: str, as_json: bool, verbose: bool) -> None:
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        supervise(catalog, stop, spark, as_json=as_json)
+        supervise(catalog, stop, spark, as_json=as_json, lease_seconds=lease_seconds)
     finally:
         spark.stop()
     message = "runner stopped; stream states saved"

@@ -26,6 +26,8 @@ _SCHEMA = [
     "value TEXT NOT NULL, PRIMARY KEY (stream, key))",
     "CREATE TABLE IF NOT EXISTS errors (id INTEGER PRIMARY KEY AUTOINCREMENT, "
     "stream TEXT NOT NULL, at REAL NOT NULL, object TEXT NOT NULL, message TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS runner_lease (id INTEGER PRIMARY KEY CHECK (id = 1), "
+    "holder TEXT NOT NULL, expires REAL NOT NULL)",
 ]
 
 
@@ -106,6 +108,28 @@ class Catalog:
                 conn.execute("INSERT OR REPLACE INTO status(stream, key, value) VALUES "
                              "(?, ?, ?)", (name, note[0], json.dumps(note[1] | {"changed": now})))
             return target
+
+    def take_lease(self, holder: str, seconds: float) -> tuple[str, float]:
+        """The runner lease: one runner drives the catalog's streams. `holder` takes it when
+        it is free or expired, or renews its own, for `seconds`; returns who holds it now
+        and until when (epoch seconds)."""
+        with self._write() as conn:
+            now = self._now()
+            row = conn.execute("SELECT holder, expires FROM runner_lease WHERE id = 1").fetchone()
+            if row is None or row[0] == holder or row[1] < now:
+                conn.execute("INSERT OR REPLACE INTO runner_lease(id, holder, expires) VALUES "
+                             "(1, ?, ?)", (holder, now + seconds))
+                return holder, now + seconds
+            return str(row[0]), float(row[1])
+
+    def release_lease(self, holder: str) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM runner_lease WHERE holder = ?", (holder,))
+
+    def lease(self) -> tuple[str, float] | None:
+        with self._write() as conn:
+            row = conn.execute("SELECT holder, expires FROM runner_lease WHERE id = 1").fetchone()
+        return None if row is None else (str(row[0]), float(row[1]))
 
     def healthy(self, name: str) -> None:
         """The stream has run without failing long enough: its failures are forgiven."""

@@ -30,6 +30,7 @@ from cdcflow.streams.applier import Applier
 from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import Catalog, StreamRecord
 from cdcflow.streams.definition import EmbeddedSource
+from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.rebackfill import Sweeper
 from cdcflow.streams.setup import StreamSetup, prepare_stream
 from cdcflow.streams.sources import open_source
@@ -94,7 +95,7 @@ class Runner:
     def __init__(self, catalog: str | Path, spark: Any, poll_seconds: float = 0.5,
                  max_retries: int = 3, backoff_seconds: float = 1.0,
                  max_backoff_seconds: float = 300.0, healthy_seconds: float = 60.0,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, lease_seconds: float = 15.0) -> None:
         self.catalog = Catalog(catalog, clock)
         self.home = Path(catalog).resolve().parent
         self.spark = spark
@@ -108,18 +109,24 @@ class Runner:
         self.applier = Applier(clock, self._report_tables, self._table_failed)
         self.sweeper = Sweeper(self.catalog)
         self.capture = CaptureWorkers(clock, self._capture_died)
+        self.lease = RunnerLease(self.catalog, lease_seconds)
 
     # ---- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Supervise until `stop` is set; leave states as they are (a restart resumes)."""
         self.applier.start()
+        self.lease.start()
         try:
             while not stop.is_set():
-                self.step()
+                if self.lease.tick():
+                    self.step()
+                elif self.workers:  # another runner took the lease over: drive nothing
+                    self.stand_down()
                 stop.wait(self.poll_seconds)
         finally:
             self.shutdown()
+            self.lease.release()
 
     def step(self) -> None:
         for record in self.catalog.streams():
@@ -130,7 +137,12 @@ class Runner:
 
     def shutdown(self) -> None:
         self.applier.stop()
+        self.stand_down()
+
+    def stand_down(self) -> None:
+        """Stop every query, capture worker and apply this runner drives."""
         for worker in self.workers.values():
+            self.applier.forget(worker.name)
             self._stop_query(worker)
             if worker.thread is not None:
                 worker.thread.join(timeout=60)

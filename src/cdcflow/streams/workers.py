@@ -60,12 +60,22 @@ def run_capture(definition_json: str, catalog_path: str) -> None:
     log.ensure_change_stream(change_stream)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threading.Thread(target=_stop_when_orphaned, args=(stop,), daemon=True).start()
     try:
         source.capture(log, stop)
     except PositionLost as error:  # no restart mends it: the runner fails the stream
         catalog.update_status(name, **{CAPTURE_FAILED: f"{type(error).__name__}: {error}"})
     finally:
         source.close()
+
+
+def _stop_when_orphaned(stop: threading.Event) -> None:
+    """Stop capturing once the runner that started this worker is gone (killed, say): the
+    runner that takes the stream over starts its own worker."""
+    parent = os.getppid()
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            stop.set()
 
 
 def _queue_backfills(catalog: Catalog, name: str, message: str, objects: list[str]) -> None:

@@ -22,7 +22,8 @@ from cdcflow.table import CdcTable
 from cdcflow.testing import WORKLOAD_DDL, run_writer
 
 pytestmark = pytest.mark.integration
-CLI = [sys.executable, "-m", "cdcflow.cli.main", "run", "--master", "local[2]", "--json"]
+CLI = [sys.executable, "-m", "cdcflow.cli.main", "run", "--master", "local[2]", "--json",
+       "--lease-seconds", "3"]  # the restart takes the killed runner's lease soon
 
 
 def test_killed_runner_restarts_without_duplicates_or_gaps(tmp_path: Path):

@@ -1,0 +1,78 @@
+"""The runner lease: of the `cdcflow run` processes on one catalog, one drives its streams.
+
+The holder renews the lease from a heartbeat thread, three times per `seconds`, so a long
+turn of its loop (a Spark query starting, say) does not let it lapse; the heartbeat stops
+renewing when the loop has not turned for STALL_SECONDS (a hung runner). Another runner
+waits in standby and takes the lease over once it has expired: a runner that was killed,
+or hung, has its streams taken over. A runner that finds the lease held by another stops
+everything it drove before it waits. Times are the catalog's clock.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+
+from cdcflow.model.timestamps import to_micros
+from cdcflow.streams.catalog import Catalog
+
+STALL_SECONDS = 600.0
+
+
+class RunnerLease:
+    def __init__(self, catalog: Catalog, seconds: float = 15.0) -> None:
+        self.catalog = catalog
+        self.seconds = seconds
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.held = False
+        self.other: tuple[str, float] | None = None
+        """Who holds the lease while this runner waits, and until when."""
+        self._ticked = self._now()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def _now(self) -> float:
+        return to_micros(self.catalog.clock.now()) / 1e6
+
+    def hold(self) -> bool:
+        """Take or renew the lease; whether this runner holds it now."""
+        holder, until = self.catalog.take_lease(self.holder, self.seconds)
+        self.held = holder == self.holder
+        self.other = None if self.held else (holder, until)
+        return self.held
+
+    def start(self) -> None:
+        """Take the lease if it is free, then keep renewing (or trying) in the background."""
+        self.hold()
+        self._heartbeat = threading.Thread(target=self._beat, name="cdcflow-lease",
+                                           daemon=True)
+        self._heartbeat.start()
+
+    def tick(self) -> bool:
+        """The runner's loop turned; whether this runner holds the lease."""
+        self._ticked = self._now()
+        return self.held
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.seconds / 3):
+            try:
+                self._beat_once()
+            except Exception:  # the catalog is busy or away: try again next beat
+                continue
+
+    def _beat_once(self) -> None:
+        """Renew (or try to take) the lease, unless the loop has stalled."""
+        if self._now() - self._ticked < STALL_SECONDS:
+            self.hold()
+
+    def release(self) -> None:
+        """Stop renewing and give the lease up at once (a clean stop), so that a standby
+        runner takes over now."""
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=self.seconds)
+        if self.held:
+            self.catalog.release_lease(self.holder)
+        self.held = False
