@@ -41,7 +41,9 @@ def _lines(report: dict[str, object]) -> list[str]:
         lines.append(f"  {item['object']}: {verdict} ({counts}; {item['seconds']} s)")
         for side in ("cdc_table", "events"):
             found = item.get(side)
-            if found and not found["equal"]:
+            if found and "error" in found:
+                lines.append(f"    {side}: cannot be read: {found['error']}")
+            elif found and not found["equal"]:
                 lines.append(f"    {side}: missing {found['missing']}, extra {found['extra']}, "
                              f"differ {found['differ']}, duplicated {found['duplicated']}; "
                              f"sample keys {found['sample_keys']}")

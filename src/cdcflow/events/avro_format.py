@@ -18,7 +18,7 @@ from typing import IO, Any, cast
 
 import fastavro
 
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import CdcflowError, DataLoss, InvalidArgument
 from cdcflow.model.events import Event
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.source import EMBEDDED, SourceKind, kind_of
@@ -148,18 +148,28 @@ def write_avro(out: IO[bytes], events: list[Event]) -> None:
 
 
 def read_avro(source: IO[bytes]) -> Iterator[Event]:
-    """Events back from an Avro file written by `write_avro`."""
-    reader = fastavro.reader(source)
-    column_types = tuple(ColumnTypeInfo.from_dict(c)
-                         for c in json.loads(reader.metadata[_COLUMN_TYPES]))
-    for raw in reader:
-        record = cast(dict[str, Any], raw)
-        payload = {c.name: _from_avro(record["payload"][c.name], c.type) for c in column_types}
-        yield Event(
-            stream_name=record["stream_name"], read_method=record["read_method"],
-            object=record["object"], schema_key=record["schema_key"], uuid=record["uuid"],
-            read_timestamp=record["read_timestamp"],
-            source_timestamp=record["source_timestamp"],
-            sort_keys=tuple(record["sort_keys"]), source_metadata=record["source_metadata"],
-            payload=payload, column_types=column_types,
-        )
+    """Events back from an Avro file written by `write_avro`; a damaged file is DataLoss
+    naming it (a file cut at a block boundary reads short: compare with the manifest)."""
+    name = getattr(source, "name", "the Avro input")
+    try:
+        reader = fastavro.reader(source)
+        column_types = tuple(ColumnTypeInfo.from_dict(c)
+                             for c in json.loads(reader.metadata[_COLUMN_TYPES]))
+        yield from (_event_of(cast(dict[str, Any], raw), column_types) for raw in reader)
+    except CdcflowError:
+        raise
+    except Exception as error:  # fastavro reports damage as EOFError, ValueError, ...
+        raise DataLoss(f"event file {name} is not a whole cdcflow Avro file "
+                       f"({type(error).__name__}: {error}); the file is damaged") from None
+
+
+def _event_of(record: dict[str, Any], column_types: tuple[ColumnTypeInfo, ...]) -> Event:
+    payload = {c.name: _from_avro(record["payload"][c.name], c.type) for c in column_types}
+    return Event(
+        stream_name=record["stream_name"], read_method=record["read_method"],
+        object=record["object"], schema_key=record["schema_key"], uuid=record["uuid"],
+        read_timestamp=record["read_timestamp"],
+        source_timestamp=record["source_timestamp"],
+        sort_keys=tuple(record["sort_keys"]), source_metadata=record["source_metadata"],
+        payload=payload, column_types=column_types,
+    )

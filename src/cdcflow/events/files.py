@@ -13,7 +13,9 @@ of one file span at most `max_seconds` of source time; the minute folders rotate
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
+import itertools
 import json
 import os
 from collections import defaultdict
@@ -25,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import DataLoss, InvalidArgument
 from cdcflow.events.avro_format import write_avro
 from cdcflow.model.events import Event
 
@@ -92,8 +94,10 @@ class EventFileWriter:
                 suffix = "jsonl" if self.fmt == "json" else "avro"
                 name = f"batch-{self._key(batch_id)}-p{part:05d}-{index:04d}.{suffix}"
                 path = self.base / object_name / minute / name
-                _atomic_write(path, self._encode(chunk))
-                files.append({"path": str(path.relative_to(self.base)), "events": len(chunk)})
+                data = self._encode(chunk)
+                _atomic_write(path, data)
+                files.append({"path": str(path.relative_to(self.base)), "events": len(chunk),
+                              "sha256": hashlib.sha256(data).hexdigest()})
         return files
 
     def commit_batch(self, batch_id: int | str, files: list[dict[str, Any]]) -> None:
@@ -111,9 +115,27 @@ class EventFileWriter:
 
     def committed_files(self) -> list[Path]:
         """Every file listed by a batch manifest, in batch order."""
+        return [part.path for part in self.committed_parts()]
+
+    def committed_parts(self) -> list[CommittedFile]:
+        """Every file listed by a batch manifest, with what the manifest says of it, in
+        batch order. A damaged manifest, a manifest missing between two others, or a listed
+        file that is missing, is DataLoss naming it."""
         out = []
-        for manifest in sorted((self.base / "_manifests").glob("batch-*.json")):
-            out += [self.base / f["path"] for f in json.loads(manifest.read_text())["files"]]
+        manifests = sorted((self.base / "_manifests").glob("batch-*.json"))
+        _check_no_gap(manifests)
+        for manifest in manifests:
+            try:
+                listed = [CommittedFile(self.base / str(f["path"]), int(f["events"]),
+                                        f.get("sha256"), manifest) for f in
+                          json.loads(manifest.read_text(encoding="utf-8"))["files"]]
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                raise DataLoss(f"event manifest {manifest} is damaged ({type(error).__name__}: "
+                               f"{error}); a manifest lists its batch's files") from None
+            for part in listed:
+                if not part.path.is_file():
+                    raise DataLoss(f"event file {part.path}, listed by {manifest}, is missing")
+            out += listed
         return out
 
     def _groups(self, events: Iterable[Event]) -> dict[tuple[str, str], list[Event]]:
@@ -166,6 +188,85 @@ def json_line(event: Event) -> bytes:
         return (json.dumps(fields) + "\n").encode()
 
 
-def read_json_events(path: str | Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+@dataclass(frozen=True, slots=True)
+class CommittedFile:
+    """A file a manifest lists: its path, how many events it holds, and the SHA-256 of its
+    bytes (None in manifests written before cdcflow recorded it)."""
+
+    path: Path
+    events: int
+    sha256: str | None
+    manifest: Path
+
+    def read_bytes(self) -> bytes:
+        """The file's bytes, checked against the manifest: DataLoss naming it otherwise."""
+        data = self.path.read_bytes()
+        if self.sha256 is not None and hashlib.sha256(data).hexdigest() != self.sha256:
+            raise DataLoss(f"event file {self.path} is damaged: its bytes differ from the "
+                           f"SHA-256 its manifest {self.manifest} recorded")
+        return data
+
+    def json_events(self) -> list[dict[str, Any]]:
+        return parse_json_events(self.path, self.read_bytes(), self.events)
+
+
+def _check_no_gap(manifests: list[Path]) -> None:
+    """Streaming batches are numbered one after another: a manifest missing between two
+    that exist is a lost batch, not one cut short by a crash (that is only ever the last)."""
+    numbers = sorted(int(m.stem[6:]) for m in manifests if m.stem[6:].isdigit())
+    missing = next((n for n, m in itertools.pairwise(numbers) if m != n + 1), None)
+    if missing is not None:
+        lost = manifests[0].parent / f"batch-{missing + 1:012d}.json"
+        raise DataLoss(f"event manifest {lost} is missing, between batches that were "
+                       "committed: the batch is lost")
+
+
+_EVENT_FIELDS = frozenset({"stream_name", "read_method", "object", "uuid", "sort_keys",
+                           "source_metadata", "payload"})
+
+
+def read_json_events(path: str | Path, expected: int | None = None) -> list[dict[str, Any]]:
+    """The events of a JSON-lines file (see `parse_json_events`)."""
+    return parse_json_events(path, Path(path).read_bytes(), expected)
+
+
+def parse_json_events(path: str | Path, data: bytes,
+                      expected: int | None = None) -> list[dict[str, Any]]:
+    """The events of a JSON-lines file's bytes. A line that is not a whole event, or (with
+    `expected`, the manifest's count) a file that holds another number of events, is
+    DataLoss naming the file and the line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataLoss(f"event file {path} is not UTF-8 text ({error.reason} at byte "
+                       f"{error.start}); the file is damaged") from None
+    events = [_event_line(path, number, line)
+              for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    check_count(path, len(events), expected)
+    return events
+
+
+def _event_line(path: str | Path, number: int, line: str) -> dict[str, Any]:
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataLoss(f"event file {path}: line {number} is not JSON ({error.msg} at column "
+                       f"{error.colno}); the file is damaged") from None
+    missing = _EVENT_FIELDS - set(event) if isinstance(event, dict) else _EVENT_FIELDS
+    if missing:
+        raise DataLoss(f"event file {path}: line {number} is not an event: it lacks "
+                       f"{sorted(missing)}")
+    return dict(event)
+
+
+def check_count(path: str | Path, found: int, expected: int | None) -> None:
+    if expected is not None and found != expected:
+        raise DataLoss(f"event file {path} holds {found} events where its manifest says "
+                       f"{expected}: the file is damaged")
+
+
+def named_bytes(path: str | Path, data: bytes) -> io.BytesIO:
+    """Bytes read from `path`, as a file object whose `name` says where they came from."""
+    handle = io.BytesIO(data)
+    handle.name = str(path)
+    return handle

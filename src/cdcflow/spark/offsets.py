@@ -36,15 +36,26 @@ class StreamOffset:
         }
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> StreamOffset:
+    def from_dict(data: Any) -> StreamOffset:
+        """An offset back from a checkpoint; anything else (an offset edited by hand, say)
+        is InvalidArgument naming the value and what an offset holds."""
+        if not isinstance(data, dict):
+            raise InvalidArgument(f"offset {str(data)[:200]!r} is not a JSON object; a cdcflow "
+                                  "offset holds version, timestamp and partitions")
         version = data.get("version")
         if version != OFFSET_VERSION:
             raise InvalidArgument(
                 f"offset version {version!r} is not supported; this cdcflow reads version "
                 f"{OFFSET_VERSION} (start the query from a new checkpoint)"
             )
-        partitions = data["partitions"]
-        return StreamOffset(int(data["timestamp"]), tuple(sorted(partitions)))
+        timestamp, partitions = data.get("timestamp"), data.get("partitions")
+        if not isinstance(timestamp, int) or isinstance(timestamp, bool) or timestamp < -1:
+            raise InvalidArgument(f"offset timestamp {timestamp!r} is not a commit time in "
+                                  "microseconds (an integer, -1 before the first record)")
+        if not isinstance(partitions, dict) or not all(isinstance(t, str) for t in partitions):
+            raise InvalidArgument(f"offset partitions {str(partitions)[:200]!r} is not an "
+                                  "object keyed by partition token")
+        return StreamOffset(timestamp, tuple(sorted(partitions)))
 
 
 def _micros(value: Any) -> int:

@@ -18,7 +18,7 @@ that differ (`cdcflow.streams.compare`), so memory stays bounded on large tables
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -27,13 +27,12 @@ from typing import Any
 
 from cdcflow.capture.embedded import EmbeddedSource as EmbeddedChangeSource
 from cdcflow.capture.source import ChangeSource, SourceObject
-from cdcflow.errors import FailedPrecondition, NotFound
+from cdcflow.errors import CdcflowError, FailedPrecondition, NotFound
 from cdcflow.model.timestamps import format_rfc3339, from_micros
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.compare import Canonical, Canonicalizer, Difference, compare, digest
+from cdcflow.streams.compare import Canonical, Canonicalizer, Digest, compare, digest
 from cdcflow.streams.definition import (
     CdcTableDestination,
-    EventFilesDestination,
     StreamDefinition,
 )
 from cdcflow.streams.sources import open_source
@@ -132,6 +131,8 @@ def _objects(source: ChangeSource, definition: StreamDefinition,
 
 def verify_object(definition: StreamDefinition, source: ChangeSource, item: SourceObject,
                   at: Any) -> dict[str, Any]:
+    """One object against each destination; a destination that cannot be read (a damaged
+    event file, say) is reported with its error, and counts as a difference."""
     began = time.monotonic()
     canon = Canonicalizer(item)
 
@@ -140,23 +141,33 @@ def verify_object(definition: StreamDefinition, source: ChangeSource, item: Sour
 
     mine = digest(read_source())
     report: dict[str, Any] = {"object": item.name, "rows": {"source": mine.rows}}
-    found: list[Difference] = []
+    equal = True
     for destination in definition.destinations:
-        if isinstance(destination, CdcTableDestination):
-            table = CdcTable.open(Path(destination.warehouse) / item.name)
-            table.apply()  # what is pending: the comparison is of the applied rows
-            _, theirs, difference = compare(read_source, partial(table_rows, table, canon),
-                                            mine)
-            report["rows"]["cdc_table"] = theirs.rows
-            report["cdc_table"] = difference.as_dict()
-        elif isinstance(destination, EventFilesDestination):
-            events = EventRows(destination.root, definition.name, destination.format, item,
-                               canon, groups_for(mine.rows))
-            _, theirs, difference = compare(read_source, events, mine)
-            report["rows"]["events_rebuilt"] = theirs.rows
-            report["events"] = difference.as_dict() | {
-                "events_read": events.events, "duplicate_uuids": events.duplicate_uuids}
-        found.append(difference)
-    report["equal"] = all(d.equal for d in found)
+        side = "cdc_table" if isinstance(destination, CdcTableDestination) else "events"
+        try:
+            found = _compare_destination(destination, definition, item, canon, read_source,
+                                         mine)
+        except CdcflowError as error:
+            found = {"equal": False, "error": f"{type(error).__name__}: {error}"}
+        report["rows"] |= found.pop("rows", {})
+        report[side] = found
+        equal = equal and found["equal"]
+    report["equal"] = equal
     report["seconds"] = round(time.monotonic() - began, 3)
     return report
+
+
+def _compare_destination(destination: Any, definition: StreamDefinition, item: SourceObject,
+                         canon: Canonicalizer, read_source: Callable[[], Iterator[Canonical]],
+                         mine: Digest) -> dict[str, Any]:
+    if isinstance(destination, CdcTableDestination):
+        table = CdcTable.open(Path(destination.warehouse) / item.name)
+        table.apply()  # what is pending: the comparison is of the applied rows
+        _, theirs, difference = compare(read_source, partial(table_rows, table, canon), mine)
+        return difference.as_dict() | {"rows": {"cdc_table": theirs.rows}}
+    events = EventRows(destination.root, definition.name, destination.format, item, canon,
+                       groups_for(mine.rows))
+    _, theirs, difference = compare(read_source, events, mine)
+    return difference.as_dict() | {"rows": {"events_rebuilt": theirs.rows},
+                                   "events_read": events.events,
+                                   "duplicate_uuids": events.duplicate_uuids}

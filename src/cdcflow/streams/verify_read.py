@@ -32,7 +32,7 @@ from cdcflow.capture.watcher.embedded import EmbeddedTarget
 from cdcflow.capture.watcher.source import WatcherSource as WatcherChangeSource
 from cdcflow.errors import InvalidArgument
 from cdcflow.events.avro_format import read_avro
-from cdcflow.events.files import EventFileWriter, read_json_events
+from cdcflow.events.files import EventFileWriter, check_count, named_bytes
 from cdcflow.model.schema import KEY_HASH_SPACE
 from cdcflow.model.source import is_backfill
 from cdcflow.model.types import decode_value
@@ -124,8 +124,8 @@ class EventRows:
 
     def __init__(self, root: str, stream: str, fmt: str, item: SourceObject,
                  canon: Canonicalizer, groups: int) -> None:
-        self.files = [f for f in EventFileWriter(root, stream, fmt).committed_files()
-                      if _holds(f, item.name)]
+        self.files = [part for part in EventFileWriter(root, stream, fmt).committed_parts()
+                      if _holds(part.path, item.name)]
         self.fmt, self.item, self.canon = fmt, item, canon
         self.groups = max(1, groups)
         self.events = 0
@@ -163,21 +163,22 @@ class EventRows:
     def _events(self) -> Iterator[tuple[str, str, tuple[Any, ...], bool, str, Canonical]]:
         """(uuid, read method, sort keys, deleted, read time, canonical row) of each event
         of the object, file by file."""
-        for path in self.files:
+        for part in self.files:
             if self.fmt == "json":
-                for e in read_json_events(path):
+                for e in part.json_events():
                     if e["object"] == self.item.name:
                         yield (e["uuid"], e["read_method"], _order(e["sort_keys"]),
                                bool(e["source_metadata"].get("is_deleted")),
                                str(e["read_timestamp"]), self.canon.of_json(e["payload"]))
             else:
-                with open(path, "rb") as handle:
-                    for event in read_avro(handle):
-                        if event.object == self.item.name:
-                            yield (event.uuid, event.read_method, _order(event.sort_keys),
-                                   bool(event.source_metadata.get("is_deleted")),
-                                   event.read_timestamp.isoformat(),
-                                   self.canon.of_values(event.payload))
+                events = list(read_avro(named_bytes(part.path, part.read_bytes())))
+                check_count(part.path, len(events), part.events)
+                for event in events:
+                    if event.object == self.item.name:
+                        yield (event.uuid, event.read_method, _order(event.sort_keys),
+                               bool(event.source_metadata.get("is_deleted")),
+                               event.read_timestamp.isoformat(),
+                               self.canon.of_values(event.payload))
 
 
 def _holds(path: Path, object_name: str) -> bool:

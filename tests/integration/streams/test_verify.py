@@ -8,12 +8,17 @@ import json
 import multiprocessing
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from cdcflow import Database
 from cdcflow.events.files import EventFileWriter
+from cdcflow.model.events import Event
+from cdcflow.model.records import ColumnTypeInfo
+from cdcflow.model.types import parse_type
 from cdcflow.streams.states import StreamState
 from cdcflow.streams.verify import verify
 from cdcflow.table import CdcTable
@@ -63,7 +68,7 @@ def test_verify_drains_compares_at_the_drain_and_names_what_differs(spark, tmp_p
 
 def tamper(tmp_path: Path, db: Database) -> dict[str, int]:
     """Change one row and delete another in the CDC table behind the stream's back, and
-    drop one event line from an event file."""
+    commit one more batch of events with a forged one (a writer's bug, not damage)."""
     rows = sorted(r["Id"] for r in db.scan("Accounts"))
     changed, deleted = rows[0], rows[1]
     table = CdcTable.open(tmp_path / "warehouse" / "Accounts")
@@ -73,15 +78,39 @@ def tamper(tmp_path: Path, db: Database) -> dict[str, int]:
         {"Id": deleted, "Owner": None, "Balance": None, "_CHANGE_TYPE": "DELETE",
          "_CHANGE_SEQUENCE_NUMBER": "FFFFFFFFFFFFFFFF"}])
     table.apply()
-    files = EventFileWriter(tmp_path / "events", "lake").committed_files()
-    victim = next(f for f in files if "Accounts" in f.parts)
-    forged = json.loads(victim.read_text().splitlines()[0])
-    forged |= {"uuid": "00000000-0000-5000-8000-000000000000", "read_method":
-               "embedded-cdc-changestream", "sort_keys": [2**53, "0", "00000000", 0]}
-    forged["payload"] |= {"Id": str(changed), "Owner": "forged"}
-    with victim.open("a") as lines:
-        lines.write(json.dumps(forged) + "\n")
+    writer = EventFileWriter(tmp_path / "events", "lake")
+    last = max(int(m.stem[6:]) for m in (writer.base / "_manifests").glob("batch-[0-9]*"))
+    types = tuple(ColumnTypeInfo(name, parse_type(kind), name == "Id", number) for
+                  number, (name, kind) in enumerate(
+                      [("Id", "INT64"), ("Owner", "STRING(64)"), ("Balance", "INT64")], 1))
+    now = datetime.now(UTC)
+    writer.write_batch(last + 1, [Event(
+        "lake", "embedded-cdc-changestream", "Accounts", "forged", str(uuid.uuid4()), now, now,
+        (2**53, "0", "00000000", 0), {"is_deleted": False, "primary_keys": ["Id"]},
+        {"Id": changed, "Owner": "forged", "Balance": 1}, types)])
     return {"changed": changed, "deleted": deleted}
+
+
+def test_a_damaged_event_file_is_reported_by_name(spark, tmp_path: Path):
+    """Bytes changed in a committed event file: verify names the file (DataLoss) for the
+    events, and still compares the CDC table."""
+    db, catalog = workload_stream(tmp_path, "CREATE CHANGE STREAM Everything FOR ALL", {
+        "name": "lake", "backfill": "all",
+        "destinations": [{"kind": "cdc_table", "warehouse": str(tmp_path / "warehouse")},
+                         {"kind": "event_files", "root": str(tmp_path / "events")}]})
+    run_mixed_writer(db.path, 7, 60)
+    with running(tmp_path / "catalog.db", spark):
+        wait_for(catalog, "lake", StreamState.RUNNING)
+        catalog.act("lake", "drain")
+        wait_for(catalog, "lake", StreamState.PAUSED)
+    victim = EventFileWriter(tmp_path / "events", "lake").committed_files()[0]
+    victim.write_bytes(victim.read_bytes().replace(b'"Owner":"', b'"Owner":"X', 1))
+    code, out = cli_verify(tmp_path / "catalog.db", "lake")
+    [accounts] = out["objects"]
+    assert code == 1 and accounts["cdc_table"]["equal"], out
+    assert accounts["events"]["error"].startswith("DataLoss") and str(victim) in \
+        accounts["events"]["error"]
+    db.close()
 
 
 def cli_verify(catalog: Path, name: str) -> tuple[int, dict]:
