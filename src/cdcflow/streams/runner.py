@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import CdcflowError, FailedPrecondition, InvalidArgument
+from cdcflow.errors import CdcflowError, FailedPrecondition
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.queries import QueryControl, committed_micros, stop_between_batches
@@ -30,6 +30,7 @@ from cdcflow.streams.applier import Applier
 from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import Catalog, StreamRecord
 from cdcflow.streams.definition import EmbeddedSource
+from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, is_permanent
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.rebackfill import Sweeper
 from cdcflow.streams.setup import StreamSetup, prepare_stream
@@ -42,26 +43,7 @@ from cdcflow.streams.workers import (
     run_capture,
 )
 
-PERMANENT_ERRORS = (InvalidArgument, FailedPrecondition)
 SOURCE_STATUS_SECONDS = 5.0
-
-
-def is_permanent(error: BaseException) -> bool:
-    """No retry mends it: a bad definition or argument, or a state that a human must change
-    (also when it comes back from Spark as the text of a Python exception)."""
-    if isinstance(error, PERMANENT_ERRORS):
-        return True
-    text = str(error)
-    names = {cls.__name__ for base in PERMANENT_ERRORS for cls in (base, *_subclasses(base))}
-    return any(f"cdcflow.errors.{name}:" in text for name in names)
-
-
-def _subclasses(cls: type) -> list[type]:
-    found: list[type] = []
-    subclasses: list[type] = cls.__subclasses__()
-    for sub in subclasses:
-        found += [sub, *_subclasses(sub)]
-    return found
 
 
 def _batch_timing(query: Any, result: dict[str, Any]) -> dict[str, Any]:
@@ -205,11 +187,15 @@ class Runner:
         worker.thread.start()
 
     def _retry_later(self, record: StreamRecord) -> None:
+        """Retry with a doubling backoff, up to max_retries; a failure the machine caused
+        (a full disk, say) is retried for as long as it lasts (`streams.environment`)."""
         name = record.definition.name
-        if record.retries >= self.max_retries:
+        waiting = bool(self.catalog.status(name).get("waiting_for"))
+        if record.retries >= self.max_retries and not waiting:
             self.catalog.act(name, "give_up")
             return
-        delay = min(self.backoff_seconds * 2 ** record.retries, self.max_backoff_seconds)
+        delay = min(self.backoff_seconds * 2 ** record.retries, self.max_backoff_seconds,
+                    ENVIRONMENT_RETRY_SECONDS if waiting else self.max_backoff_seconds)
         if self._now() - record.changed >= delay:
             self.catalog.act(name, "retry")
 
@@ -221,8 +207,11 @@ class Runner:
         worker.setup = None
 
     def _fail(self, name: str, object_name: str, error: BaseException) -> None:
+        cause = environmental(error)
         message = f"{type(error).__name__}: {error}"
-        self.catalog.record_error(name, object_name, message[:2000])
+        self.catalog.record_error(name, object_name, (message if cause is None else
+                                                      f"{cause} ({message})")[:2000])
+        self.catalog.update_status(name, waiting_for=cause)
         try:
             self.catalog.act(name, "fail")
             if is_permanent(error):
@@ -274,6 +263,7 @@ class Runner:
             worker.query = self._query(record, worker)
         if record.retries and self._now() - record.changed >= self.healthy_seconds:
             self.catalog.healthy(worker.name)
+            self.catalog.update_status(worker.name, waiting_for=None)
         if setup.source.has_worker and self._now() - worker.stats.get("capture_at", 0) >= 2:
             worker.stats["capture_at"] = self._now()
             self.catalog.update_status(worker.name, capture=self._capture_status(setup))

@@ -13,7 +13,8 @@ from cdcflow import Database, FakeClock
 from cdcflow.errors import FailedPrecondition, InvalidArgument, NotFound, TypeMismatch
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
-from cdcflow.streams.runner import Runner, is_permanent
+from cdcflow.streams.failures import is_permanent
+from cdcflow.streams.runner import Runner
 from cdcflow.streams.states import StreamState
 
 pytestmark = pytest.mark.unit
