@@ -6,6 +6,8 @@ Callers catch `CdcflowError` for anything raised by cdcflow.
 
 from __future__ import annotations
 
+import reprlib
+
 
 class CdcflowError(Exception):
     """Root of every error raised by cdcflow."""
@@ -54,3 +56,30 @@ class DataLoss(CdcflowError):
 class PositionLost(FailedPrecondition):
     """The source no longer holds a stored capture position (a purged binlog, say): the
     changes after it are gone, and reading on would skip them."""
+
+
+class _Shown(reprlib.Repr):
+    """`repr` bounded in length and depth; an int too long for `repr` shows its size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = 120
+        self.maxlong = 60
+        self.maxlevel = 4
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 10_000:
+            return f"<int of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_SHOWN = _Shown()
+
+
+def show(value: object) -> str:
+    """A bad value as an error message names it: its repr, cut short when long. Never
+    raises, so formatting a message cannot hide the error it reports."""
+    try:
+        return _SHOWN.repr(value)
+    except Exception:  # a repr that fails: name the type instead
+        return f"<{type(value).__name__}>"

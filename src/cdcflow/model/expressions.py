@@ -21,12 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cdcflow.errors import DdlError, InvalidArgument
+from cdcflow.errors import DdlError, InvalidArgument, show
 
 _TOKEN = re.compile(
-    r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|`(?P<quoted>[^`]+)`|(?P<number>-?\d+)"
+    r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|`(?P<quoted>[^`]+)`|(?P<number>-?[0-9]+)"
     r"|'(?P<squote>[^']*)'|\"(?P<dquote>[^\"]*)\"|(?P<sym>[(),]))")
 _WORDS = {"CASE", "WHEN", "THEN", "ELSE", "END", "IS", "NOT", "NULL", "TRUE", "FALSE"}
+MAX_DEPTH = 64
+"""How deep expressions may nest (parentheses, NOT, CASE, calls)."""
 
 
 def fingerprint(value: str | bytes) -> int:
@@ -38,6 +40,8 @@ def fingerprint(value: str | bytes) -> int:
 
 
 def _mod(x: int, y: int) -> int:
+    if type(x) is not int or type(y) is not int:
+        raise InvalidArgument(f"MOD({show(x)}, {show(y)}): MOD takes INT64 values")
     if y == 0:
         raise InvalidArgument(f"MOD({x}, 0): division by zero")
     remainder = abs(x) % abs(y)
@@ -45,10 +49,10 @@ def _mod(x: int, y: int) -> int:
 
 
 def _concat(*values: Any) -> Any:
-    if not values or (any(isinstance(v, bytes) for v in values) and \
-            not all(isinstance(v, bytes) for v in values)):
-        raise InvalidArgument("CONCAT takes STRING values or BYTES values, not a mix")
-    return values[0][:0].join(values)
+    if all(isinstance(v, str) for v in values) or all(isinstance(v, bytes) for v in values):
+        return values[0][:0].join(values)
+    raise InvalidArgument(f"CONCAT({', '.join(map(show, values))}): CONCAT takes STRING "
+                          "values or BYTES values, not a mix nor other types")
 
 
 def _farm(value: Any) -> int:
@@ -162,6 +166,7 @@ class _Parser:
             self.tokens.append((kind, found.group(kind)))
             position = found.end()
         self.at = 0
+        self.depth = 0
 
     def _peek(self) -> tuple[str, str] | None:
         return self.tokens[self.at] if self.at < len(self.tokens) else None
@@ -186,6 +191,15 @@ class _Parser:
                            f"{token[1] if token else 'the end'!r}")
 
     def expression(self) -> Expression:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise DdlError(f"expression {show(self.text)} nests deeper than {MAX_DEPTH} levels")
+        try:
+            return self._expression()
+        finally:
+            self.depth -= 1
+
+    def _expression(self) -> Expression:
         if self._word("NOT"):
             return Not(self.expression())
         operand = self._operand()
@@ -202,7 +216,7 @@ class _Parser:
         kind, text = token
         self.at += 1
         if kind == "number":
-            return Literal(int(text))
+            return Literal(self._integer(text))
         if kind in ("squote", "dquote"):
             return Literal(text)
         if kind == "quoted":
@@ -213,6 +227,12 @@ class _Parser:
             self._expect(self._sym(")"), "')'")
             return inner
         return self._word_operand(text)
+
+    def _integer(self, text: str) -> int:
+        if len(text.lstrip("-")) > 19 or not -(2**63) <= int(text) < 2**63:
+            raise DdlError(f"expression {show(self.text)}: integer {show(text)} is outside "
+                           "INT64, -2^63..2^63-1")
+        return int(text)
 
     def _word_operand(self, text: str) -> Expression:
         word = text.upper()

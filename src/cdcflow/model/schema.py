@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from cdcflow.errors import InvalidArgument, NotFound
+from cdcflow.errors import InvalidArgument, NotFound, show
 from cdcflow.model.types import ColumnType, encode_value
 
 VALUE_CAPTURE_TYPES: Final = (
@@ -85,7 +85,7 @@ class TableSchema:
             if col.name == name:
                 return col
         raise NotFound(
-            f"column {name!r} does not exist in table {self.name!r}; "
+            f"column {show(name)} does not exist in table {self.name!r}; "
             f"its columns are {[c.name for c in self.columns]}"
         )
 

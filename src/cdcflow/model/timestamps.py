@@ -5,9 +5,13 @@ from __future__ import annotations
 import functools
 from datetime import UTC, datetime, timedelta
 
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import InvalidArgument, show
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MIN_MICROS = -62_135_596_800_000_000
+"""0001-01-01T00:00:00Z, the earliest timestamp."""
+MAX_MICROS = 253_402_300_799_999_999
+"""9999-12-31T23:59:59.999999Z, the latest timestamp."""
 
 
 def to_micros(ts: datetime) -> int:
@@ -45,11 +49,30 @@ def parse_timestamp(text: str) -> datetime:
         parsed = datetime.fromisoformat(candidate)
     except ValueError:
         raise InvalidArgument(
-            f"timestamp {text!r} is not RFC 3339 text such as '2022-09-27T12:30:00.123456Z'"
+            f"timestamp {show(text)} is not RFC 3339 text such as '2022-09-27T12:30:00.123456Z'"
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise _outside(show(text)) from None
+
+
+def to_utc(ts: datetime) -> datetime:
+    """An aware datetime in UTC; InvalidArgument when UTC has no such day (year 1 or 9999 with
+    an offset that crosses the end of the calendar)."""
+    try:
+        return ts.astimezone(UTC)
+    except OverflowError:
+        raise _outside(repr(ts)) from None
+
+
+def _outside(shown: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"timestamp {shown} is outside the range of timestamps, 0001-01-01T00:00:00Z to "
+        "9999-12-31T23:59:59.999999Z, once in UTC"
+    )
 
 
 def as_datetime(value: datetime | str) -> datetime:
@@ -58,9 +81,9 @@ def as_datetime(value: datetime | str) -> datetime:
         return parse_timestamp(value)
     if not isinstance(value, datetime):
         raise InvalidArgument(
-            f"timestamp {value!r} ({type(value).__name__}) is not a timestamp; pass an aware "
+            f"timestamp {show(value)} ({type(value).__name__}) is not a timestamp; pass an aware "
             "datetime or RFC 3339 text such as '2022-09-27T12:30:00.123456Z'"
         )
     if value.tzinfo is None:
         raise InvalidArgument(f"timestamp {value!r} has no timezone; pass an aware UTC datetime")
-    return value.astimezone(UTC)
+    return to_utc(value)

@@ -18,8 +18,8 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
-from cdcflow.errors import InvalidArgument, TypeMismatch
-from cdcflow.model.timestamps import format_rfc3339, parse_timestamp
+from cdcflow.errors import InvalidArgument, TypeMismatch, show
+from cdcflow.model.timestamps import format_rfc3339, parse_timestamp, to_utc
 
 SCALAR_CODES: Final = frozenset(
     {"INT64", "FLOAT64", "BOOL", "STRING", "BYTES", "DATE", "TIMESTAMP", "NUMERIC", "JSON"}
@@ -116,7 +116,7 @@ def validate_value(value: Any, ctype: ColumnType, column: str) -> Any:
 def _mismatch(value: Any, ctype: ColumnType, column: str, rule: str = "") -> TypeMismatch:
     extra = f": {rule}" if rule else ""
     return TypeMismatch(
-        f"value {value!r} ({type(value).__name__}) does not fit column {column!r} "
+        f"value {show(value)} ({type(value).__name__}) does not fit column {column!r} "
         f"of type {ctype.ddl()}{extra}"
     )
 
@@ -132,7 +132,10 @@ def _check_int(value: Any, ctype: ColumnType, column: str) -> int:
 def _check_float(value: Any, ctype: ColumnType, column: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _mismatch(value, ctype, column)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise _mismatch(value, ctype, column, "it is outside the range of FLOAT64") from None
 
 
 def _check_bool(value: Any, ctype: ColumnType, column: str) -> bool:
@@ -149,6 +152,32 @@ def _check_string(value: Any, ctype: ColumnType, column: str) -> str:
         raise _mismatch(
             f"{value[:20]}...", ctype, column, f"{len(value)} characters exceed the limit {limit}"
         )
+    if not is_valid_text(value):
+        raise _mismatch(value, ctype, column, _SURROGATE_RULE)
+    return value
+
+
+_SURROGATE_RULE = "it holds a lone surrogate; text must be valid Unicode (UTF-8)"
+
+
+def is_valid_text(text: str) -> bool:
+    """Whether UTF-8, and so SQLite and JSON, can hold `text` (no lone surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(value: object, what: str) -> str:
+    """`value` if it is valid text (a str that UTF-8 can hold); InvalidArgument naming it and
+    `what` it is otherwise."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} {show(value)} ({type(value).__name__}) is not a string")
+    if not is_valid_text(value):
+        raise InvalidArgument(f"{what} {show(value)}: {_SURROGATE_RULE}")
     return value
 
 
@@ -174,7 +203,11 @@ def _check_timestamp(value: Any, ctype: ColumnType, column: str) -> datetime | A
         raise _mismatch(value, ctype, column, "pass an aware datetime")
     if value.tzinfo is None:
         raise _mismatch(value, ctype, column, "the datetime needs a timezone (UTC)")
-    return parse_timestamp(format_rfc3339(value))
+    try:
+        utc = to_utc(value)
+    except InvalidArgument:
+        raise _mismatch(value, ctype, column, "in UTC it falls outside years 1 to 9999") from None
+    return parse_timestamp(format_rfc3339(utc))
 
 
 def _check_numeric(value: Any, ctype: ColumnType, column: str) -> Decimal:
@@ -186,12 +219,9 @@ def _check_numeric(value: Any, ctype: ColumnType, column: str) -> Decimal:
         raise _mismatch(value, ctype, column, "not a decimal number") from None
     if not number.is_finite():
         raise _mismatch(value, ctype, column, "NUMERIC is finite")
-    _sign, digits, exponent = number.as_tuple()
-    assert isinstance(exponent, int)
-    scale = max(0, -exponent)
-    integer_digits = max(0, len(digits) + exponent)
+    integer_digits, scale = _digits(number)
     most_integer, most_scale = ctype.numeric_digits
-    if scale > most_scale and number != number.quantize(Decimal(1).scaleb(-most_scale)):
+    if scale > most_scale:
         raise _mismatch(value, ctype, column, f"{ctype.ddl()} has at most {most_scale} "
                                               "fractional digits; cdcflow does not round")
     if integer_digits > most_integer:
@@ -200,10 +230,21 @@ def _check_numeric(value: Any, ctype: ColumnType, column: str) -> Decimal:
     return number
 
 
+def _digits(number: Decimal) -> tuple[int, int]:
+    """(integer digits, fractional digits but trailing zeros) of a finite decimal, counted
+    exactly: no context arithmetic, which rounds or raises past 28 digits."""
+    _sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)
+    significant = "".join(map(str, digits)).rstrip("0")
+    if not significant:
+        return 0, 0
+    return max(0, len(digits) + exponent), max(0, len(significant) - len(digits) - exponent)
+
+
 def _check_json(value: Any, ctype: ColumnType, column: str) -> Any:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
+    try:  # as `encode_value` writes it: sorted keys (mixed key types do not sort)
+        json.dumps(value, allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
         raise _mismatch(value, ctype, column, "not serialisable as JSON") from None
     return value
 
@@ -230,7 +271,8 @@ def quick_check(ctype: ColumnType) -> Callable[[Any], bool]:
         return lambda v: v is None or (type(v) is int and _INT64_MIN <= v <= _INT64_MAX)
     if code == "STRING":
         limit = length if length is not None else MAX_STRING_LENGTH
-        return lambda v: v is None or (type(v) is str and len(v) <= limit)
+        return lambda v: v is None or (type(v) is str and len(v) <= limit
+                                       and (v.isascii() or is_valid_text(v)))
     if code == "BOOL":
         return lambda v: v is None or type(v) is bool
     if code == "FLOAT64":
@@ -307,7 +349,7 @@ def parse_type(text: str) -> ColumnType:
         inner = rest[1:-1]
         if inner == "MAX":
             return ColumnType(code)
-        if not inner.isdigit() or int(inner) < 1:
+        if not (inner.isascii() and inner.isdigit()) or len(inner) > 9 or int(inner) < 1:
             raise InvalidArgument(f"type {text!r}: the length must be a positive integer or MAX")
         limit = MAX_STRING_LENGTH if code == "STRING" else MAX_BYTES_LENGTH
         if int(inner) > limit:

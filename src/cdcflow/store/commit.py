@@ -12,6 +12,7 @@ from typing import Any
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import format_rfc3339, from_micros
+from cdcflow.model.types import COMMIT_TIMESTAMP
 from cdcflow.store import log, partition_map, retention
 from cdcflow.store.capture import LogEntry, RowChange, build_records, encode_record
 from cdcflow.store.catalog import (
@@ -34,7 +35,7 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
     with write_transaction(conn):
         catalog = session.refresh()
         micros, transaction_id = allocate_commit(session, now_micros)
-        changes = _net_changes(session, catalog, mutations, format_rfc3339(micros))
+        changes = _net_changes(session, catalog, mutations, micros)
         _write_versions(session, catalog, changes, micros)
         if catalog.indexes:
             maintain_indexes(session.conn, catalog, ((c.schema, c.encoded_key, c.after)
@@ -118,10 +119,11 @@ def _after_append(session: Session, catalog: Catalog, streams: set[str], micros:
 
 
 def _net_changes(
-    session: Session, catalog: Catalog, mutations: list[Mutation], commit_text: str
+    session: Session, catalog: Catalog, mutations: list[Mutation], micros: int
 ) -> list[RowChange]:
     """One RowChange per touched row, in order of first touch, with the net before/after."""
-    checked = [_checked(catalog, raw) for raw in mutations]
+    commit_text = format_rfc3339(micros)
+    checked = [_checked(catalog, raw, micros) for raw in mutations]
     current = _current_rows(session, catalog, checked)
     changes: dict[tuple[str, str], RowChange] = {}
     for schema, mutation, encoded_key in checked:
@@ -148,11 +150,15 @@ CheckedMutation = tuple[TableSchema, Mutation, str]
 """A mutation valid for its table's schema at commit, with its encoded primary key."""
 
 
-def _checked(catalog: Catalog, raw: Mutation) -> CheckedMutation:
-    """Validate again only if the table's schema changed since the mutation was buffered."""
+def _checked(catalog: Catalog, raw: Mutation, micros: int) -> CheckedMutation:
+    """Validate again only if the table's schema changed since the mutation was buffered. A
+    key column given COMMIT_TIMESTAMP takes the commit timestamp, as its row value does."""
     schema = catalog.table(raw.table)
     mutation = raw if raw.checked_against is schema else validate_mutation(schema, raw)
-    return schema, mutation, schema.encode_key(schema.key_of(mutation.values))
+    key = schema.key_of(mutation.values)
+    if any(value is COMMIT_TIMESTAMP for value in key):
+        key = tuple(from_micros(micros) if v is COMMIT_TIMESTAMP else v for v in key)
+    return schema, mutation, schema.encode_key(key)
 
 
 def _current_rows(session: Session, catalog: Catalog, checked: list[CheckedMutation]

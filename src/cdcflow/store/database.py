@@ -20,7 +20,7 @@ from cdcflow.store import catalog as catalog_ops
 from cdcflow.store import indexes, partitioned, retention, rows
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.store.commit import commit_mutations
-from cdcflow.store.ddl import parse_ddl
+from cdcflow.store.ddl import parse_ddl, statement_texts
 from cdcflow.store.indexes import IndexDef, PolledRow
 from cdcflow.store.mutations import Mutation
 from cdcflow.store.sqlite import read_meta, read_transaction, write_meta, write_transaction
@@ -34,7 +34,7 @@ class Database(ChangeLog):
 
     def ddl(self, statements: str | list[str]) -> None:
         """Apply DDL statements, each atomically; a bad statement raises and changes nothing."""
-        for text in [statements] if isinstance(statements, str) else statements:
+        for text in statement_texts(statements):
             statement = parse_ddl(text)
             session = self._session()
             with write_transaction(session.conn):

@@ -11,14 +11,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cdcflow.errors import DdlError
+from cdcflow.errors import DdlError, show
 from cdcflow.model.expressions import parse_expression
 from cdcflow.model.schema import Column, TableSchema
-from cdcflow.model.types import ColumnType
-from cdcflow.store.ddl_rules import checked_schema
+from cdcflow.model.types import ColumnType, is_valid_text
+from cdcflow.store.ddl_rules import checked_length, checked_schema
 
 _TOKEN = re.compile(
-    r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|`(?P<quoted>[^`]+)`|(?P<number>\d+)"
+    r"\s*(?:(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|`(?P<quoted>[^`]+)`|(?P<number>[0-9]+)"
     r"|'(?P<squote>[^']*)'|\"(?P<dquote>[^\"]*)\"|(?P<sym>[(),<>=;]))"
 )
 
@@ -188,9 +188,7 @@ class _Parser:
             self.expect_sym(")")
             if size.upper() == "MAX":
                 return ColumnType(word)
-            if not size.isdigit() or int(size) < 1:
-                raise DdlError(f"{word} length {size!r} must be a positive integer or MAX")
-            return ColumnType(word, length=int(size))
+            return ColumnType(word, length=checked_length(word, size))
         if word in ("INT64", "FLOAT64", "BOOL", "DATE", "TIMESTAMP", "NUMERIC", "JSON"):
             return ColumnType(word)
         raise DdlError(
@@ -210,7 +208,7 @@ class _Parser:
         self.expect_sym(")")
         return tuple(pairs)
 
-    def generated(self) -> str | None:
+    def generated(self, column: str) -> str | None:
         """`AS (expression) STORED`: the expression's text, checked by its parser."""
         if not self.accept_word("AS"):
             return None
@@ -226,13 +224,16 @@ class _Parser:
                 parts.append(_token_text(token))
         self.expect_word("STORED")
         text = " ".join(parts)
-        parse_expression(text)
+        try:
+            parse_expression(text)
+        except DdlError as error:
+            raise DdlError(f"generated column {column!r}: {error}") from None
         return text
 
     def column(self) -> Column:
         name = self.name()
         ctype = self.column_type()
-        generated = self.generated()
+        generated = self.generated(name)
         not_null = self.accept_word("NOT", "NULL")
         allow_commit_timestamp = False
         if self.accept_word("OPTIONS"):
@@ -372,17 +373,30 @@ def _token_text(token: Token) -> str:
     return token.text
 
 
+def statement_texts(statements: object) -> list[str]:
+    """The statements of `Database.ddl`'s argument: one text, or a list or tuple of texts."""
+    texts = [statements] if isinstance(statements, str) else statements
+    if not isinstance(texts, list | tuple) or not all(isinstance(t, str) for t in texts):
+        raise DdlError(f"DDL {show(statements)} ({type(statements).__name__}) is neither a "
+                       "statement (str) nor a list of statements")
+    return [text for text in texts if isinstance(text, str)]
+
+
 def parse_ddl(text: str) -> Statement:
     """Parse one DDL statement; raise DdlError naming the bad token otherwise."""
     if not text.strip():
-        raise DdlError("empty DDL statement")
+        raise DdlError(f"DDL statement {text!r} is empty; write one, such as CREATE TABLE ...")
+    if not is_valid_text(text):
+        raise DdlError(f"DDL statement {show(text)} holds a lone surrogate; DDL must be valid "
+                       "Unicode (UTF-8)")
     return _Parser(text).statement()
 
 
 def parse_duration_micros(text: str) -> int:
     """'7d', '36h', '90m', '3600s' as microseconds."""
-    match = re.fullmatch(r"\s*(\d+)\s*([dhms])\s*", text)
+    match = re.fullmatch(r"\s*([0-9]{1,12})\s*([dhms])\s*", text)
     if match is None:
-        raise DdlError(f"duration {text!r} must be a number followed by d, h, m or s, e.g. '7d'")
+        raise DdlError(f"duration {show(text)} must be a number of at most 12 digits followed "
+                       "by d, h, m or s, e.g. '7d'")
     unit = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}[match[2]]
     return int(match[1]) * unit * 1_000_000

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from cdcflow.errors import DdlError
+from cdcflow.errors import DdlError, show
 from cdcflow.model.expressions import parse_expression
 from cdcflow.model.schema import MAX_PRIMARY_KEY_COLUMNS, Column, TableSchema
+from cdcflow.model.types import MAX_BYTES_LENGTH, MAX_STRING_LENGTH
+
+
+def checked_length(code: str, size: str) -> int:
+    """The n of STRING(n) or BYTES(n): an integer from 1 up to the type's limit."""
+    limit = MAX_STRING_LENGTH if code == "STRING" else MAX_BYTES_LENGTH
+    if not (size.isascii() and size.isdigit()) or len(size) > 9 or not 1 <= int(size) <= limit:
+        raise DdlError(f"{code} length {show(size)} must be MAX or an integer in 1..{limit}")
+    return int(size)
 
 
 def check_generated(table: str, columns: list[Column] | tuple[Column, ...],

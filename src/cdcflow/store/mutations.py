@@ -6,11 +6,11 @@ a missing row, insert_or_update upserts written columns, replace rewrites the wh
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from cdcflow.errors import AlreadyExists, InvalidArgument, NotFound, NotNullViolation
+from cdcflow.errors import AlreadyExists, InvalidArgument, NotFound, NotNullViolation, show
 from cdcflow.model.expressions import Expression, parse_expression
 from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.schema import Column, TableSchema
@@ -71,22 +71,31 @@ table_shape = IdentityMemo(_shape_of, size=256)
 """A catalog keeps one schema object per table until DDL changes it."""
 
 
+def as_row(kind: str, table: str, values: object) -> dict[str, Any]:
+    """A mutation's values as a new dict (of any mapping); InvalidArgument otherwise."""
+    if not isinstance(values, Mapping):
+        raise InvalidArgument(f"{kind} on {table!r} takes a dict of column values, not "
+                              f"{show(values)} ({type(values).__name__})")
+    return dict(values)
+
+
 def validate_mutation(schema: TableSchema, mutation: Mutation) -> Mutation:
     """Check columns, key presence, types and NOT NULL that can be known without the row."""
     values = mutation.values
     if not isinstance(values, dict):
-        raise InvalidArgument(f"{mutation.kind} on {schema.name!r} takes a dict, got {values!r}")
+        raise InvalidArgument(f"{mutation.kind} on {schema.name!r} takes a dict, got "
+                              f"{show(values)}")
     missing_keys = [k for k in schema.primary_key if values.get(k) is None]
     if missing_keys:
         raise InvalidArgument(
             f"{mutation.kind} on {schema.name!r} needs every primary key column; "
-            f"{missing_keys} missing or NULL in {values!r}"
+            f"{missing_keys} missing or NULL in {show(values)}"
         )
     shape = table_shape(schema)
     if mutation.kind == "delete" and not shape.key.issuperset(values):
         raise InvalidArgument(
             f"delete on {schema.name!r} takes only key columns {list(schema.primary_key)}, "
-            f"got {sorted(values)}"
+            f"got [{', '.join(sorted(map(show, values)))}]"
         )
     written = [column.name for column, _ in shape.generated if column.name in values]
     if written:
@@ -195,5 +204,7 @@ def generated_values(shape: TableShape, row: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def _key_text(schema: TableSchema, mutation: Mutation) -> dict[str, Any]:
-    return {k: mutation.values[k] for k in schema.primary_key}
+def _key_text(schema: TableSchema, mutation: Mutation) -> str:
+    """The row's key for a message, in key order, each value cut short when long."""
+    values = mutation.values
+    return "{" + ", ".join(f"{k!r}: {show(values[k])}" for k in schema.primary_key) + "}"

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import InvalidArgument, show
 from cdcflow.model.timestamps import as_datetime
+from cdcflow.model.types import check_text
 
 ARGUMENTS = ("start_timestamp", "end_timestamp", "partition_token", "heartbeat_milliseconds")
 _QUERY = re.compile(
@@ -22,7 +23,7 @@ _QUERY = re.compile(
     re.IGNORECASE | re.DOTALL,
 )
 _ARG = re.compile(
-    r"\s*(?:(?P<name>[A-Za-z_]+)\s*=>\s*)?(?P<value>@[A-Za-z_][A-Za-z0-9_]*|NULL|-?\d+"
+    r"\s*(?:(?P<name>[A-Za-z_]+)\s*=>\s*)?(?P<value>@[A-Za-z_][A-Za-z0-9_]*|NULL|-?[0-9]+"
     r"|'[^']*'|\"[^\"]*\")\s*",
     re.IGNORECASE,
 )
@@ -63,11 +64,13 @@ def _value(raw: str, params: dict[str, Any], name: str) -> Any:
         return None
     if raw[0] in "'\"":
         return raw[1:-1]
+    if len(raw.lstrip("-")) > 19:
+        raise InvalidArgument(f"argument {name} {show(raw)} is outside INT64, -2^63..2^63-1")
     return int(raw)
 
 
 def parse_change_stream_query(sql: str, params: dict[str, Any]) -> ChangeStreamQuery:
-    match = _QUERY.fullmatch(sql)
+    match = _QUERY.fullmatch(check_text(sql, "query"))
     if match is None:
         raise InvalidArgument(
             f"query {sql!r} is not a change stream query; write SELECT ChangeRecord FROM "
@@ -93,10 +96,10 @@ def parse_change_stream_query(sql: str, params: dict[str, Any]) -> ChangeStreamQ
             raise InvalidArgument(f"argument {required} is required and may not be NULL (CS-5)")
     heartbeat = values["heartbeat_milliseconds"]
     if isinstance(heartbeat, bool) or not isinstance(heartbeat, int):
-        raise InvalidArgument(f"heartbeat_milliseconds {heartbeat!r} must be an INT64")
+        raise InvalidArgument(f"heartbeat_milliseconds {show(heartbeat)} must be an INT64")
     token = values.get("partition_token")
     if token is not None and not isinstance(token, str):
-        raise InvalidArgument(f"partition_token {token!r} must be a STRING")
+        raise InvalidArgument(f"partition_token {show(token)} must be a STRING")
     end = values.get("end_timestamp")
     return ChangeStreamQuery(
         stream=match["stream"],

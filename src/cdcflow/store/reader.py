@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import orjson
 
 from cdcflow.clock import Clock
-from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
+from cdcflow.errors import InvalidArgument, NotFound, OutOfRange, show
 from cdcflow.model.records import (
     ChangeRecord,
     ChildPartition,
@@ -27,6 +27,7 @@ from cdcflow.model.records import (
 )
 from cdcflow.model.schema import ChangeStreamDef
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
+from cdcflow.model.types import check_text
 from cdcflow.store import log, partition_map
 from cdcflow.store.session import Session
 from cdcflow.store.sqlite import read_meta, read_transaction
@@ -59,15 +60,18 @@ def validate_query(
     now_micros: int,
 ) -> QueryArgs:
     """Enforce every CS-5 argument rule; raise a typed error naming the value otherwise."""
+    check_text(stream_name, "change stream name")
+    if token is not None:
+        check_text(token, "partition_token")
     with read_transaction(session.conn):
         stream = session.refresh().stream(stream_name)
         if token is not None:
             partition_map.get_partition(session.conn, stream_name, token)
     if isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int):
-        raise InvalidArgument(f"heartbeat_milliseconds {heartbeat_ms!r} must be an INT64")
+        raise InvalidArgument(f"heartbeat_milliseconds {show(heartbeat_ms)} must be an INT64")
     if not MIN_HEARTBEAT_MS <= heartbeat_ms <= MAX_HEARTBEAT_MS:
         raise InvalidArgument(
-            f"heartbeat_milliseconds {heartbeat_ms} is outside "
+            f"heartbeat_milliseconds {show(heartbeat_ms)} is outside "
             f"{MIN_HEARTBEAT_MS}..{MAX_HEARTBEAT_MS}"
         )
     if start_micros > now_micros:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from cdcflow.errors import InvalidArgument, NotFound, OutOfRange
+from cdcflow.errors import InvalidArgument, NotFound, OutOfRange, show
 from cdcflow.model.partitions import FINISHED, PartitionMetadata
 from cdcflow.model.records import DataChangeRecord
 from cdcflow.model.schema import MAX_RETENTION_MICROS, MIN_RETENTION_MICROS
-from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
+from cdcflow.model.timestamps import MAX_MICROS, MIN_MICROS, format_rfc3339, from_micros, to_micros
+from cdcflow.model.types import check_text, is_valid_text
 from cdcflow.store import catalog as catalog_ops
 from cdcflow.store import log, partition_map
 from cdcflow.store.ddl import StreamScope
@@ -75,16 +76,38 @@ def _encode_iterator(stream_id: str, shard_id: str, position: tuple[int, int, in
     return base64.urlsafe_b64encode(text.encode()).decode()
 
 
-def _decode_iterator(iterator: str) -> tuple[str, str, tuple[int, int, int]]:
-    try:
-        stream_id, shard_id, micros, seq, mod = json.loads(base64.urlsafe_b64decode(iterator))
-        return str(stream_id), str(shard_id), (int(micros), int(seq), int(mod))
-    except (ValueError, TypeError):
-        raise InvalidArgument(f"shard iterator {iterator[:40]!r} is not a valid iterator") from None
-
-
 _PAST_ALL = 1 << 62
 """The record sequence of a position after every record of its commit timestamp."""
+_ITERATOR_RULE = "pass one that get_shard_iterator or get_stream_record returned"
+
+
+def _decode_iterator(iterator: object) -> tuple[str, str, tuple[int, int, int]]:
+    """The stream id, shard id and position (commit micros, record, mod) an iterator names;
+    InvalidArgument naming it otherwise."""
+    if not isinstance(iterator, str):
+        raise InvalidArgument(f"shard iterator {show(iterator)} ({type(iterator).__name__}) "
+                              f"is not a string; {_ITERATOR_RULE}")
+    try:
+        parts = json.loads(base64.urlsafe_b64decode(iterator))
+    except (ValueError, RecursionError):
+        parts = None
+    if not _is_position(parts):
+        raise InvalidArgument(f"shard iterator {show(iterator[:40])} is not a valid iterator; "
+                              f"{_ITERATOR_RULE}")
+    stream_id, shard_id, micros, seq, mod = parts
+    return stream_id, shard_id, (micros, seq, mod)
+
+
+def _is_position(parts: Any) -> bool:
+    """Whether decoded parts are [stream id, shard id, micros, seq, mod] as the API writes
+    them: valid text, then integers in the ranges of timestamps and sequences."""
+    if not isinstance(parts, list) or len(parts) != 5:
+        return False
+    ids, numbers = parts[:2], parts[2:]
+    return (all(isinstance(p, str) and is_valid_text(p) for p in ids)
+            and all(type(n) is int for n in numbers)
+            and MIN_MICROS - 1 <= numbers[0] <= MAX_MICROS
+            and all(0 <= n <= _PAST_ALL for n in numbers[1:]))
 
 
 def _missed_removed(session: Session, stream: str, shard_id: str,
@@ -223,6 +246,7 @@ class ShardApi(ABC):
         return [StreamInfo(s, t, from_micros(m)) for s, t, m in rows]
 
     def _stream_row(self, session: Session, stream_id: str) -> tuple[str, str, int, int]:
+        check_text(stream_id, "stream id")
         row = session.conn.execute(
             "SELECT table_name, change_stream, enabled_micros, expiration_micros "
             "FROM _shard_streams WHERE stream_id = ? AND disabled_micros IS NULL",
@@ -250,6 +274,7 @@ class ShardApi(ABC):
 
     def get_shard_iterator(self, stream_id: str, shard_id: str) -> str:
         """An iterator at the oldest retained record of the shard."""
+        check_text(shard_id, "shard id")
         session = self._session()
         with read_transaction(session.conn):
             _, change_stream, _, expiration = self._stream_row(session, stream_id)
@@ -263,7 +288,7 @@ class ShardApi(ABC):
         """Up to `limit` row changes after the iterator, and the next iterator (None once a
         finished shard is read to its end, SH-7)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_LIMIT:
-            raise InvalidArgument(f"limit {limit!r} must be an integer in 1..{_MAX_LIMIT}")
+            raise InvalidArgument(f"limit {show(limit)} must be an integer in 1..{_MAX_LIMIT}")
         stream_id, shard_id, (micros, seq, mod) = _decode_iterator(iterator)
         session = self._session()
         with read_transaction(session.conn):

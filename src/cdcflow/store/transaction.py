@@ -7,7 +7,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from cdcflow.errors import FailedPrecondition
-from cdcflow.store.mutations import Mutation, validate_mutation
+from cdcflow.model.types import check_text
+from cdcflow.store.mutations import Mutation, as_row, validate_mutation
 
 if TYPE_CHECKING:
     from cdcflow.store.database import Database
@@ -30,8 +31,9 @@ class Transaction:
     def _buffer(self, kind: str, table: str, values: dict[str, Any]) -> None:
         if self._done:
             raise FailedPrecondition("this transaction has already committed or rolled back")
-        schema = self._database.table_schema(table)
-        self._mutations.append(validate_mutation(schema, Mutation(kind, table, dict(values))))
+        schema = self._database.table_schema(check_text(table, "table name"))
+        row = as_row(kind, table, values)
+        self._mutations.append(validate_mutation(schema, Mutation(kind, table, row)))
 
     def insert(self, table: str, values: dict[str, Any]) -> None:
         self._buffer("insert", table, values)
