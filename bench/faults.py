@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
 from cdcflow.faultkit import KINDS, Campaign, run_campaign
+from cdcflow.streams.catalog import Catalog
 
 
 def main() -> None:
@@ -29,9 +31,16 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--rate", type=float, default=40.0, help="writer transactions/s")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cdcflow-faults-") as folder:
-        result = run_campaign(Campaign(Path(folder), args.faults, tuple(args.kinds.split(",")),
+    folder = Path(tempfile.mkdtemp(prefix="cdcflow-faults-"))
+    try:
+        result = run_campaign(Campaign(folder, args.faults, tuple(args.kinds.split(",")),
                                        args.seed, writer_rate=args.rate))
+    except Exception:
+        errors = Catalog(folder / "catalog.db").errors("faults", limit=10)
+        print(f"the campaign failed; its folder is kept: {folder}\nlast errors: "
+              f"{json.dumps(errors, indent=1)}")
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
     verify_report = result.pop("verify")
     print(json.dumps(result, indent=2))
     print(f"faults {result['faults_total']} ({result['faults']}); changes committed "

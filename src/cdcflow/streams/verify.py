@@ -101,19 +101,26 @@ def settle(catalog: Catalog, name: str, wait_seconds: float) -> DrainedAt:
 
 
 def _wait_drained(catalog: Catalog, name: str, wait_seconds: float) -> int:
+    """Wait for the drain to finish. A stream that fails meanwhile is retried by the runner:
+    once it runs again, it is asked to drain again; only FAILED_PERMANENTLY (or the time
+    running out) ends the wait with an error."""
     deadline = time.monotonic() + wait_seconds
     while True:
         record = catalog.get(name)
         drained = catalog.status(name).get("drained") or {}
         if record.state == StreamState.PAUSED and drained.get("changed") == record.changed:
             return int(drained["through"])
-        if record.state not in (StreamState.DRAINING, StreamState.PAUSED):
+        if record.state == StreamState.RUNNING:
+            catalog.act(name, "drain")  # it failed while draining, and runs again
+        elif record.state not in (StreamState.DRAINING, StreamState.PAUSED,
+                                  StreamState.FAILED, StreamState.STARTING):
             raise FailedPrecondition(f"stream {name!r} became {record.state.value} while "
                                      "verify waited for its drain (see cdcflow streams errors)")
         if time.monotonic() > deadline:
             raise FailedPrecondition(
-                f"stream {name!r} was not drained within {wait_seconds:.0f} s: is `cdcflow "
-                "run` running on this catalog? It drains streams")
+                f"stream {name!r} was not drained within {wait_seconds:.0f} s (it is "
+                f"{record.state.value}): is `cdcflow run` running on this catalog? It drains "
+                "streams")
         time.sleep(0.2)
 
 
