@@ -1,6 +1,6 @@
 """The fault campaign (issue 14): a mixed workload (inserts, updates, deletes, multi-row
 transactions, primary-key updates, partition churn) into the embedded database, streamed by
-`cdcflow run` into a CDC table and event files on a small tmpfs, with --faults faults
+`cdcflow run` into a CDC table and event files on a 512 MB tmpfs, with --faults faults
 injected in turn: SIGKILL of the runner with its JVM at a random moment, mid-apply and
 mid-event-write; the destination's disk filled; the destination remounted read-only. Each
 is mended as a user would; at the end the stream is drained and `cdcflow verify` compares.

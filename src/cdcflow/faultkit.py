@@ -1,5 +1,5 @@
 """The fault campaign (issue 14): a mixed workload into the embedded database streams into a
-CDC table and event files on a small tmpfs, while faults are injected at random times, and
+CDC table and event files on a 512 MB tmpfs, while faults are injected at random times, and
 each is mended the way a user would (start the runner again, free the disk, make the folder
 writable). At the end the stream is drained and `cdcflow verify` says whether anything was
 lost or duplicated. `bench/faults.py` runs it long; the test suite runs a short one.
@@ -45,7 +45,7 @@ class Campaign:
     faults: int = 100
     kinds: tuple[str, ...] = KINDS
     seed: int = 1
-    tmpfs_mb: int = 64
+    tmpfs_mb: int = 512  # the events of a long campaign fill 64 MB (then the disk stays full)
     writer_rate: float = 40.0
     injected: dict[str, int] = field(default_factory=dict)
     recoveries: list[float] = field(default_factory=list)
