@@ -74,17 +74,30 @@ def detection(folder: Path, rows: int, layout: str) -> tuple[float, float]:
     for first in range(0, rows, 100):
         upsert(database, first, 100)
     written = rows / (time.perf_counter() - began)
+    detected = detection_rate(source, rows)
+    source.close()
+    database.close()
+    return written, detected
+
+
+def detection_rate(source: WatcherSource, rows: int) -> float:
+    """Rows per second the watcher's polls append to its log, until `rows` are in."""
     log = ChangeLog.open(source.log_location()[0])
+    source.objects()
     poller = Poller(source, log, log.position(source.source_id).position)  # type: ignore
     began = time.perf_counter()
     seen = 0
     while seen < rows:
         found, _ = poller.round()
         seen += found
-    detected = rows / (time.perf_counter() - began)
-    source.close()
-    database.close()
-    return written, detected
+    return rows / (time.perf_counter() - began)
+
+
+def append_lags(log: ChangeLog, cdc_start: Any) -> list[float]:
+    """Seconds from each logged transaction's source timestamp to its append."""
+    records = follow_change_stream(log, "changes", cdc_start, log.current_timestamp()).records
+    return [(to_micros(r.commit_timestamp) - to_micros(r.source_metadata.source_timestamp))
+            / 1e6 for r in records]
 
 
 def steady_latency(folder: Path, rate: int, seconds: float) -> list[float]:
@@ -110,12 +123,10 @@ def steady_latency(folder: Path, rate: int, seconds: float) -> list[float]:
         time.sleep(0.01)
     stop.set()
     capture.join()
-    records = follow_change_stream(log, "changes", snapshot.cdc_start,
-                                   log.current_timestamp()).records
+    lags = append_lags(log, snapshot.cdc_start)
     source.close()
     database.close()
-    return [(to_micros(r.commit_timestamp) - to_micros(r.source_metadata.source_timestamp))
-            / 1e6 for r in records]
+    return lags
 
 
 def index_size(folder: Path, rows: int) -> dict[str, Any]:

@@ -32,10 +32,10 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
+from bench_watcher import append_lags, detection_rate
 from cdcflow.capture.watcher.config import PostgresTargetConfig, WatchedTable, WatcherConfig
 from cdcflow.capture.watcher.pg_schema import prepare_table
-from cdcflow.capture.watcher.source import Poller, WatcherSource
-from cdcflow.follow import follow_change_stream
+from cdcflow.capture.watcher.source import WatcherSource
 from cdcflow.localdb import LocalPostgres
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.changelog import ChangeLog
@@ -93,15 +93,7 @@ def detection(pg: LocalPostgres, folder: Path, rows: int, layout: str) -> tuple[
             upsert(cur, name, first, 100)
     written = rows / (time.perf_counter() - began)
     conn.close()
-    log = ChangeLog.open(source.log_location()[0])
-    source.objects()
-    poller = Poller(source, log, log.position(source.source_id).position)  # type: ignore
-    began = time.perf_counter()
-    seen = 0
-    while seen < rows:
-        found, _ = poller.round()
-        seen += found
-    detected = rows / (time.perf_counter() - began)
+    detected = detection_rate(source, rows)
     source.close()
     return written, detected
 
@@ -131,11 +123,9 @@ def steady_latency(pg: LocalPostgres, folder: Path, rate: int, seconds: float) -
         time.sleep(0.01)
     stop.set()
     capture.join()
-    records = follow_change_stream(log, "changes", snapshot.cdc_start,
-                                   log.current_timestamp()).records
+    lags = append_lags(log, snapshot.cdc_start)
     source.close()
-    return [(to_micros(r.commit_timestamp) - to_micros(r.source_metadata.source_timestamp))
-            / 1e6 for r in records]
+    return lags
 
 
 def index_size(pg: LocalPostgres, rows: int) -> dict[str, Any]:
