@@ -95,7 +95,7 @@ def streams(ctx: click.Context, catalog: str) -> None:
 @_errors
 def create(ctx: click.Context, definition: str, as_json: bool) -> None:
     """Create a stream from a YAML definition file."""
-    parsed = StreamDefinition.from_yaml(Path(definition).read_text())
+    parsed = StreamDefinition.from_file(definition)
     _catalog(ctx).create(parsed)
     _emit(as_json, {"name": parsed.name, "state": "NOT_STARTED"}, f"created {parsed.name}")
 
@@ -214,7 +214,7 @@ def errors(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
 def discover(profile: str, as_json: bool) -> None:
     """Objects and fields of a source: an embedded database file, or a stream YAML file."""
     if profile.endswith((".yaml", ".yml")):
-        definition = StreamDefinition.from_yaml(Path(profile).read_text())
+        definition = StreamDefinition.from_file(profile)
         found = discover_definition(definition, Path(profile).resolve().parent)
     else:
         found = discover_embedded(profile)

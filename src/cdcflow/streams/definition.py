@@ -4,10 +4,14 @@ backfill mode, destinations and Spark settings. Validated by pydantic; YAML or P
 from __future__ import annotations
 
 import fnmatch
+import re
+import reprlib
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -18,25 +22,143 @@ from pydantic import (
 
 from cdcflow.errors import InvalidArgument
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+MAX_SECONDS = 100 * 365 * 86_400
+"""The longest duration a setting takes (a hundred years): longer ones overflow timers."""
 
+
+def _clean(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("the text holds a NUL character, which no setting may contain")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("the text holds a lone surrogate, which is not Unicode text (it "
+                         "cannot be stored as UTF-8)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_clean)]
+"""Any text without NUL characters (a NUL cuts a path, a DSN or an identifier short) or lone
+surrogates (the catalog stores definitions as UTF-8 JSON)."""
+Word = Annotated[str, Field(min_length=1), AfterValidator(_clean)]
+"""Text that must not be empty: a path, a host, a user, a column or table name."""
+_ENV = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+MAX_VALUES = 250_000
+MAX_DEPTH = 64
+_SECRETS = (
+    (re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)"), r"\1***"),
+    (re.compile(r"(?i)(\w+://[^@/\s]*?:)[^@]*@"), r"\1***@"),
+)
+
+
+def redact(text: str) -> str:
+    """`text` with passwords (`password=...`, `scheme://user:...@`) replaced by ***."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class _Shown(reprlib.Repr):
+    """Values as error messages show them: short, and no password of a DSN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother = 3, 80, 80
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 8
+
+    def repr_str(self, x: str, level: int) -> str:
+        import psycopg2.extensions
+
+        try:
+            if "password" in psycopg2.extensions.parse_dsn(x):
+                return "'<a dsn with a password, not shown>'"
+        except (psycopg2.Error, ValueError):
+            pass
+        return super().repr_str(redact(x), level)
+
+
+_SHOWN = _Shown()
+
+
+def check_size(data: Any) -> None:
+    """A definition holds at most MAX_VALUES values nested MAX_DEPTH deep: a YAML alias bomb
+    or a deep nest fails here, before validation would expand it into messages."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 0, ())]
+    count = 1
+    while stack:
+        node, depth, where = stack.pop()
+        children = _children(node)
+        count += len(children)
+        if count > MAX_VALUES:
+            raise InvalidArgument(f"a stream definition holds at most {MAX_VALUES} values; "
+                                  f"at {_place(where)} it holds more (YAML aliases expand)")
+        if children and depth >= MAX_DEPTH:
+            raise InvalidArgument(f"a stream definition nests at most {MAX_DEPTH} levels deep; "
+                                  f"{_place(where)} nests deeper: {_SHOWN.repr(node)}")
+        stack.extend((child, depth + 1, where if len(where) > _SHOWN_STEPS else (*where, step))
+                     for step, child in children)
+
+
+def _children(node: Any) -> list[tuple[Any, Any]]:
+    """(key or index, value) of a mapping or a sequence; keys count as values too."""
+    if isinstance(node, dict):
+        return [*((key, key) for key in node), *node.items()]
+    if isinstance(node, list | tuple | set | frozenset):
+        return list(enumerate(node))
+    return []
+
+
+_SHOWN_STEPS = 6
+"""How many keys of a too large or too deep value's place a message shows."""
+
+
+def _place(where: tuple[Any, ...]) -> str:
+    shown = ".".join(str(step)[:40] for step in where) or "the top"
+    return shown + ("..." if len(where) > _SHOWN_STEPS else "")
+
+
+def problems(error: ValidationError) -> str:
+    """Each problem: where, the rule, and the value (shortened, passwords hidden)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc'])}: {redact(e['msg'])} "
+        f"(got {_SHOWN.repr(e.get('input'))})"
+        for e in error.errors()
+    )
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """Where the YAML breaks and why, without the text around it (it may hold a password)."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark, context = error.problem_mark, f"{error.context}: " if error.context else ""
+        return redact(f"line {mark.line + 1}, column {mark.column + 1}: {context}"
+                      f"{error.problem}")
+    return redact(str(error))
 
 
 def _checked_dsn(dsn: str) -> str:
+    import psycopg2.extensions
+
     from cdcflow.capture.postgres.connection import check_dsn
 
     try:
-        return check_dsn(dsn)
+        check_dsn(dsn)
     except InvalidArgument as error:
         raise ValueError(str(error)) from None
+    if "password" in psycopg2.extensions.parse_dsn(dsn):
+        raise ValueError("the dsn holds a password parameter; give it in the environment "
+                         "instead (password_env, PGPASSWORD or PGPASSFILE)")
+    return dsn
+
 
 class EmbeddedSource(BaseModel):
     """The embedded database and the change stream to read."""
 
     model_config = _FROZEN
     kind: Literal["embedded"] = "embedded"
-    database: str
-    change_stream: str
+    database: Word
+    change_stream: Word
 
 
 _NAME = r"^[a-z_][a-z0-9_]{0,62}$"
@@ -47,13 +169,13 @@ class PostgresSource(BaseModel):
 
     model_config = _FROZEN
     kind: Literal["postgres"]
-    dsn: str
-    password_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    dsn: Text
+    password_env: str | None = Field(default=None, pattern=_ENV)
     slot: str | None = Field(default=None, pattern=_NAME)
     publication: str | None = Field(default=None, pattern=_NAME)
-    heartbeat_seconds: float = Field(default=10.0, gt=0)
-    primary_keys: dict[str, tuple[str, ...]] = Field(default_factory=dict)
-    numeric_precision: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    heartbeat_seconds: float = Field(default=10.0, gt=0, le=MAX_SECONDS)
+    primary_keys: dict[Word, tuple[Word, ...]] = Field(default_factory=dict)
+    numeric_precision: dict[Word, tuple[int, int]] = Field(default_factory=dict)
     retained_wal_warning_mb: float = Field(default=1024.0, gt=0)
     chunk_rows: int = Field(default=5_000, ge=1, le=1_000_000)
     """Rows per chunk of a backfill (and of a table backfilled again)."""
@@ -78,14 +200,14 @@ class MySqlSource(BaseModel):
 
     model_config = _FROZEN
     kind: Literal["mysql"]
-    host: str = Field(min_length=1)
+    host: Word
     port: int = Field(default=3306, ge=1, le=65535)
-    user: str = Field(min_length=1)
-    password_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    databases: tuple[str, ...] = Field(min_length=1)
+    user: Word
+    password_env: str | None = Field(default=None, pattern=_ENV)
+    databases: tuple[Word, ...] = Field(min_length=1)
     server_id: int | None = Field(default=None, ge=1, le=2**32 - 1)
     """The replica id the reader registers with; default: derived from the stream's name."""
-    heartbeat_seconds: float = Field(default=1.0, gt=0)
+    heartbeat_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
     chunk_rows: int = Field(default=5_000, ge=1, le=1_000_000)
     on_position_lost: Literal["fail", "backfill"] = "fail"
     """When the binlog of the stored position has been purged: fail the stream, naming the
@@ -97,13 +219,13 @@ class WatchedTable(BaseModel):
     its polls ask for (CW-5): `[low, high]`, an inclusive range, or `{in: [values]}`."""
 
     model_config = _FROZEN
-    name: str = Field(min_length=1)
-    commit_timestamp_column: str = Field(min_length=1)
-    shard_column: str | None = Field(default=None, min_length=1)
+    name: Word
+    commit_timestamp_column: Word
+    shard_column: Word | None = None
     shard_values: tuple[int, int] | dict[Literal["in"], tuple[int, ...]] | None = None
-    soft_delete_column: str | None = Field(default=None, min_length=1)
+    soft_delete_column: Word | None = None
     """A boolean column: a row polled with it true arrives as a delete."""
-    deletes_table: str | None = Field(default=None, min_length=1)
+    deletes_table: Word | None = None
     """PostgreSQL: the table a delete trigger fills (`cdcflow watcher prepare-postgres`)."""
 
     @model_validator(mode="after")
@@ -114,9 +236,10 @@ class WatchedTable(BaseModel):
                 0 <= self.shard_values[1] - self.shard_values[0] < 10_000:
             raise ValueError(f"table {self.name!r}: shard_values {list(self.shard_values)} "
                              "must be an inclusive range [low, high] of at most 10000 values")
-        if isinstance(self.shard_values, dict) and not 1 <= len(self.shard_values["in"]) \
-                <= 10_000:
-            raise ValueError(f"table {self.name!r}: shard_values in: lists 1..10000 values")
+        if isinstance(self.shard_values, dict) and not 1 <= len(
+                self.shard_values.get("in", ())) <= 10_000:
+            raise ValueError(f"table {self.name!r}: shard_values {self.shard_values} must be "
+                             "{in: [values]} with 1..10000 values")
         return self
 
     def shards(self) -> tuple[int, ...] | None:
@@ -128,14 +251,14 @@ class WatchedTable(BaseModel):
 class EmbeddedTarget(BaseModel):
     model_config = _FROZEN
     kind: Literal["embedded"]
-    database: str = Field(min_length=1)
+    database: Word
 
 
 class PostgresWatchTarget(BaseModel):
     model_config = _FROZEN
     kind: Literal["postgres"]
-    dsn: str = Field(min_length=1)
-    password_env: str | None = None
+    dsn: Word
+    password_env: str | None = Field(default=None, pattern=_ENV)
     horizon_margin_seconds: float = Field(default=0.2, ge=0, le=60)
 
     @field_validator("dsn")
@@ -177,9 +300,9 @@ class CdcTableDestination(BaseModel):
 
     model_config = _FROZEN
     kind: Literal["cdc_table"] = "cdc_table"
-    warehouse: str
-    max_staleness_seconds: float | None = Field(default=None, gt=0)
-    delete_retention_seconds: float = Field(default=2 * 86_400, ge=0)
+    warehouse: Word
+    max_staleness_seconds: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    delete_retention_seconds: float = Field(default=2 * 86_400, ge=0, le=MAX_SECONDS)
 
 
 class EventFilesDestination(BaseModel):
@@ -187,11 +310,11 @@ class EventFilesDestination(BaseModel):
 
     model_config = _FROZEN
     kind: Literal["event_files"] = "event_files"
-    root: str
+    root: Word
     format: Literal["json", "avro"] = "json"
-    max_events: int = Field(default=10_000, ge=1)
-    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
-    max_seconds: float = Field(default=60.0, gt=0)
+    max_events: int = Field(default=10_000, ge=1, le=2**63 - 1)
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1, le=2**63 - 1)
+    max_seconds: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
 
 
 Destination = Annotated[CdcTableDestination | EventFilesDestination, Field(discriminator="kind")]
@@ -199,9 +322,9 @@ Destination = Annotated[CdcTableDestination | EventFilesDestination, Field(discr
 
 class SparkSettings(BaseModel):
     model_config = _FROZEN
-    master: str = "local[*]"
-    trigger_seconds: float = Field(default=1.0, gt=0)
-    max_records_per_trigger: int | None = Field(default=None, ge=1)
+    master: Word = "local[*]"
+    trigger_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
+    max_records_per_trigger: int | None = Field(default=None, ge=1, le=2**63 - 1)
 
 
 class StreamDefinition(BaseModel):
@@ -210,8 +333,8 @@ class StreamDefinition(BaseModel):
     model_config = _FROZEN
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
     source: Source
-    include: tuple[str, ...] = ("*",)
-    exclude: tuple[str, ...] = ()
+    include: tuple[Text, ...] = ("*",)
+    exclude: tuple[Text, ...] = ()
     backfill: Literal["all", "none"] = "all"
     destinations: tuple[Destination, ...] = Field(min_length=1)
     spark: SparkSettings = SparkSettings()
@@ -236,22 +359,37 @@ class StreamDefinition(BaseModel):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     @staticmethod
-    def parse(data: dict[str, Any]) -> StreamDefinition:
+    def parse(data: Any) -> StreamDefinition:
+        """A definition from plain data (a dict); InvalidArgument names each bad field, its
+        value (passwords hidden) and the rule it breaks."""
+        check_size(data)
         try:
             return StreamDefinition.model_validate(data)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
-                for e in error.errors()
-            )
-            raise InvalidArgument(f"invalid stream definition: {problems}") from None
+            raise InvalidArgument(f"invalid stream definition: {problems(error)}") from None
 
     @staticmethod
-    def from_yaml(text: str) -> StreamDefinition:
+    def from_yaml(text: str | bytes) -> StreamDefinition:
+        """A definition from YAML text (bytes: UTF-8 or UTF-16 with a BOM)."""
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as error:
-            raise InvalidArgument(f"stream definition is not valid YAML: {error}") from None
+            raise InvalidArgument(
+                f"stream definition is not valid YAML: {_yaml_problem(error)}") from None
+        except RecursionError:
+            raise InvalidArgument("stream definition is not valid YAML: it nests too deep "
+                                  "for the parser") from None
         if not isinstance(data, dict):
-            raise InvalidArgument("a stream definition is a YAML mapping")
+            raise InvalidArgument(f"a stream definition is a YAML mapping, not "
+                                  f"{type(data).__name__} {_SHOWN.repr(data)}")
         return StreamDefinition.parse(data)
+
+    @staticmethod
+    def from_file(path: str | Path) -> StreamDefinition:
+        """A definition from a YAML file (`cdcflow streams create FILE`)."""
+        try:
+            text = Path(path).read_bytes()
+        except OSError as error:
+            raise InvalidArgument(f"cannot read the stream definition {str(path)!r}: "
+                                  f"{error.strerror or error}") from None
+        return StreamDefinition.from_yaml(text)

@@ -80,6 +80,10 @@ def check_schema(schema: pa.Schema, primary_key: list[str]) -> None:
     for column in primary_key:
         if column not in names:
             raise InvalidArgument(f"primary key column {column!r} is not in the schema {names}")
+        if pa.types.is_nested(schema.field(column).type):
+            raise InvalidArgument(f"primary key column {column!r} has type "
+                                  f"{schema.field(column).type}; key columns take scalar types, "
+                                  "not ARRAY or STRUCT (AP-2)")
     if len(set(primary_key)) != len(primary_key):
         raise InvalidArgument(f"primary key {primary_key} repeats a column")
 

@@ -27,12 +27,20 @@ def state_schema(schema: pa.Schema, primary_key: tuple[str, ...]) -> pa.Schema:
 
 
 def key_array(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Array:
-    """One value per row identifying its key (composite keys joined as text); for equality
-    and membership tests only, not for ordering."""
+    """One value per row identifying its key; for equality and membership tests only, not
+    for ordering. A composite key joins its columns' bytes, each after its length (`1:a:2:bc`),
+    so no two keys join alike, whatever separators their values hold."""
     if len(primary_key) == 1:
         return pa.chunked_array(table.column(primary_key[0])).combine_chunks()
-    parts = [pc.cast(table.column(k), pa.string()) for k in primary_key]
-    return pa.chunked_array(pc.binary_join_element_wise(*parts, "\x1f")).combine_chunks()
+    parts = []
+    for name in primary_key:
+        column = table.column(name)
+        if not (pa.types.is_string(column.type) or pa.types.is_binary(column.type)):
+            column = pc.cast(column, pa.string())
+        data = pc.cast(column, pa.binary())
+        parts += [pc.cast(pc.cast(pc.binary_length(data), pa.string()), pa.binary()), data]
+    joined = pc.binary_join_element_wise(*parts, pa.scalar(b":", pa.binary()))
+    return pa.chunked_array(joined).combine_chunks()
 
 
 def order_text(seq_key: Any, ingest: Any, row: Any) -> Any:

@@ -24,6 +24,14 @@ from cdcflow.clock import Clock
 from cdcflow.errors import InvalidArgument
 from cdcflow.model.sequence import RULE, sort_key_of
 from cdcflow.model.timestamps import to_micros
+from cdcflow.table.append_checks import (
+    check_exact,
+    check_keys,
+    check_names,
+    check_text,
+    checked_version,
+    key_values,
+)
 
 CHANGE_TYPE = "_CHANGE_TYPE"
 SEQUENCE = "_CHANGE_SEQUENCE_NUMBER"
@@ -135,29 +143,37 @@ def as_arrow(rows: Any, schema: pa.Schema) -> pa.Table:
     """An append as an Arrow table: a pyarrow Table as is, a list of dicts or a pandas
     DataFrame converted with the table's column types, so a bad value names its row."""
     if isinstance(rows, pa.Table):
+        check_names(rows.column_names)
         return rows
     if isinstance(rows, list):
         if not all(isinstance(r, dict) for r in rows):
             raise InvalidArgument("append takes a pyarrow Table, a list of dicts or a DataFrame")
         names = list(dict.fromkeys(name for row in rows for name in row))
+        check_names(names)
         return pa.Table.from_pydict({n: _python_column([r.get(n) for r in rows], n, schema)
                                      for n in names})
     if hasattr(rows, "to_dict") and hasattr(rows, "columns"):
+        check_names(list(rows.columns))
         try:
             return pa.Table.from_pandas(rows, preserve_index=False)
-        except _ARROW_ERRORS:
-            return as_arrow(rows.to_dict("records"), schema)  # names the bad row
+        except _ARROW_ERRORS:  # row by row, to name the bad row; NaN is missing, as above
+            records = rows.astype(object).where(rows.notna(), None).to_dict("records")
+            return as_arrow(records, schema)
     raise InvalidArgument(f"append cannot take {type(rows).__name__}; pass a pyarrow Table, "
                           "a list of dicts or a pandas DataFrame")
 
 
 def _python_column(values: list[Any], name: str, schema: pa.Schema) -> pa.Array:
+    if name in (CHANGE_TYPE, SEQUENCE):
+        check_text(values, name)
     if name in schema.names or name in (CHANGE_TYPE, SEQUENCE):
         field = schema.field(name) if name in schema.names else pa.field(name, pa.string())
         try:
-            return pa.array(values, type=field.type)
+            array = pa.array(values, type=field.type)
         except _ARROW_ERRORS:
             raise _misfit_error(values, field) from None
+        check_exact(values, field)
+        return array
     try:
         return pa.array(values)
     except _ARROW_ERRORS:
@@ -165,11 +181,31 @@ def _python_column(values: list[Any], name: str, schema: pa.Schema) -> pa.Array:
                               f"{schema.names}") from None
 
 
+def _sequence_keys(sequences: list[Any]) -> list[str]:
+    keys = []
+    for index, text in enumerate(sequences):
+        try:
+            keys.append(sort_key_of(text))
+        except InvalidArgument:
+            raise InvalidArgument(
+                f"row {index}: _CHANGE_SEQUENCE_NUMBER {text!r} is malformed: {RULE}"
+            ) from None
+    return keys
+
+
+def _fitted(data: pa.Table, field: pa.Field, primary_key: tuple[str, ...]) -> Any:
+    if field.name not in data.column_names:
+        return pa.nulls(data.num_rows, field.type)
+    column = fit_column(data.column(field.name), field)
+    return key_values(column, field) if field.name in primary_key else column
+
+
 def prepare(data: pa.Table, schema: pa.Schema, primary_key: tuple[str, ...],
             ingest_ns: int) -> pa.Table:
     """Validate an append and shape it as pending rows, ingested at `ingest_ns`. Omitted
     columns become NULL (an UPSERT writes the whole row); INSERT and untyped rows count as
     UPSERTs."""
+    check_names(data.column_names)
     unknown = [n for n in data.column_names if n not in schema.names and n not in (
         CHANGE_TYPE, SEQUENCE)]
     if unknown:
@@ -178,26 +214,11 @@ def prepare(data: pa.Table, schema: pa.Schema, primary_key: tuple[str, ...],
     types = data.column(CHANGE_TYPE).to_pylist() if CHANGE_TYPE in data.column_names else (
         [None] * rows)
     change_mode(types)
-    for key in primary_key:
-        if key not in data.column_names or data.column(key).null_count:
-            bad = next(i for i in range(rows)) if key not in data.column_names else next(
-                i for i, v in enumerate(data.column(key).to_pylist()) if v is None)
-            raise InvalidArgument(
-                f"row {bad}: primary key column {key!r} is NULL or missing; key columns can't "
-                "be NULL (AP-2)"
-            )
+    check_keys(data, primary_key)
     sequences = (data.column(SEQUENCE).to_pylist() if SEQUENCE in data.column_names
                  else [None] * rows)
-    seq_keys = []
-    for index, text in enumerate(sequences):
-        try:
-            seq_keys.append(sort_key_of(text))
-        except InvalidArgument:
-            raise InvalidArgument(
-                f"row {index}: _CHANGE_SEQUENCE_NUMBER {text!r} is malformed: {RULE}"
-            ) from None
-    columns = [fit_column(data.column(f.name), f) if f.name in data.column_names
-               else pa.nulls(rows, f.type) for f in schema]
+    seq_keys = _sequence_keys(sequences)
+    columns = [_fitted(data, f, primary_key) for f in schema]
     kinds = ["DELETE" if t == "DELETE" else "UPSERT" for t in types]
     columns += [pa.array(kinds, pa.string()), pa.array(sequences, pa.string()),
                 pa.array(seq_keys, pa.string()), pa.array([ingest_ns] * rows, pa.int64()),
@@ -210,8 +231,7 @@ def append(root: str | Path, rows: pa.Table, app_id: str | None, version: int | 
     """Commit prepared rows; False (nothing written) when (app_id, version) is already in."""
     path = pending_path(root)
     if app_id is not None:
-        if version is None or version < 0:
-            raise InvalidArgument(f"version {version!r} must be a non-negative integer")
+        version = checked_version(app_id, version)
         current = DeltaTable(path).transaction_version(app_id)
         if current is not None and current >= version:
             return False
