@@ -109,14 +109,15 @@ class Catalog:
                              "(?, ?, ?)", (name, note[0], json.dumps(note[1] | {"changed": now})))
             return target
 
-    def take_lease(self, holder: str, seconds: float) -> tuple[str, float]:
+    def take_lease(self, holder: str, seconds: float,
+                   replacing: str | None = None) -> tuple[str, float]:
         """The runner lease: one runner drives the catalog's streams. `holder` takes it when
-        it is free or expired, or renews its own, for `seconds`; returns who holds it now
-        and until when (epoch seconds)."""
+        it is free or expired, or held by `replacing` (a holder known to be dead), or renews
+        its own, for `seconds`; returns who holds it now and until when (epoch seconds)."""
         with self._write() as conn:
             now = self._now()
             row = conn.execute("SELECT holder, expires FROM runner_lease WHERE id = 1").fetchone()
-            if row is None or row[0] == holder or row[1] < now:
+            if row is None or row[0] in (holder, replacing) or row[1] < now:
                 conn.execute("INSERT OR REPLACE INTO runner_lease(id, holder, expires) VALUES "
                              "(1, ?, ?)", (holder, now + seconds))
                 return holder, now + seconds

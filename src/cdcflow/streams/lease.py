@@ -4,8 +4,10 @@ The holder renews the lease from a heartbeat thread, three times per `seconds`, 
 turn of its loop (a Spark query starting, say) does not let it lapse; the heartbeat stops
 renewing when the loop has not turned for STALL_SECONDS (a hung runner). Another runner
 waits in standby and takes the lease over once it has expired: a runner that was killed,
-or hung, has its streams taken over. A runner that finds the lease held by another stops
-everything it drove before it waits. Times are the catalog's clock.
+or hung, has its streams taken over. A holder on this machine whose process is gone (killed)
+is taken over at once, without waiting for its lease to expire. A runner that finds the
+lease held by another stops everything it drove before it waits. Times are the catalog's
+clock.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class RunnerLease:
     def hold(self) -> bool:
         """Take or renew the lease; whether this runner holds it now."""
         holder, until = self.catalog.take_lease(self.holder, self.seconds)
+        if holder != self.holder and gone_from_this_machine(holder):
+            holder, until = self.catalog.take_lease(self.holder, self.seconds, holder)
         self.held = holder == self.holder
         self.other = None if self.held else (holder, until)
         return self.held
@@ -76,3 +80,23 @@ class RunnerLease:
         if self.held:
             self.catalog.release_lease(self.holder)
         self.held = False
+
+
+def gone_from_this_machine(holder: str) -> bool:
+    """Whether `holder` ("host:pid:nonce") is a runner of this machine whose process has
+    ended (no such process, or a zombie nobody has reaped yet)."""
+    parts = holder.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone else's live process
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False

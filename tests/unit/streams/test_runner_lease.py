@@ -39,3 +39,45 @@ def test_the_heartbeat_stops_renewing_when_the_loop_stalls(tmp_path: Path):
     first.tick()
     first._beat_once()
     assert not first.held and first.other is not None and first.other[0] == second.holder
+
+
+def _holder_of(pid: int, host: str | None = None) -> str:
+    import socket
+
+    return f"{host or socket.gethostname()}:{pid}:nonce"
+
+
+def _dead_pid(reap: bool) -> int:
+    """A process that has ended: reaped (gone), or not yet (a zombie)."""
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["sleep", "60"])
+    child.kill()
+    if reap:
+        child.wait()
+        return child.pid
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never became a zombie"
+        time.sleep(0.01)
+    return child.pid
+
+
+def test_a_killed_holder_on_this_machine_is_taken_over_at_once(tmp_path: Path):
+    """Its lease has not expired, but its process is gone (or a zombie): no wait."""
+    import os
+
+    clock = FakeClock()
+    catalog = Catalog(tmp_path / "c.db", clock)
+    for pid in (_dead_pid(reap=True), _dead_pid(reap=False)):
+        catalog.take_lease(_holder_of(pid), 60)
+        taker = RunnerLease(Catalog(tmp_path / "c.db", clock), seconds=10)
+        assert taker.hold() and catalog.lease()[0] == taker.holder
+        taker.release()
+    for alive in (_holder_of(os.getpid()), _holder_of(os.getppid()),
+                  _holder_of(_dead_pid(reap=True), host="another-host"), "garbled"):
+        catalog.take_lease(alive, 60)
+        waiting = RunnerLease(Catalog(tmp_path / "c.db", clock), seconds=10)
+        assert not waiting.hold() and waiting.other == (alive, catalog.lease()[1]), alive
+        catalog.release_lease(alive)
