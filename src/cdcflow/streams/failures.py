@@ -5,8 +5,8 @@ human must change. Others the machine causes, not the stream (`environmental`): 
 destination's disk is full, or a folder cannot be written. They make the stream FAILED with
 a message that says so, and the runner retries it for as long as it takes (never giving
 up), every ENVIRONMENT_RETRY_SECONDS at most, so that it recovers by itself once there is
-room or the folder is writable again. An error may come as an exception or as its text
-inside a Spark query's failure."""
+room or the folder is writable again; its first batch after that forgives the retries. An
+error may come as an exception or as its text inside a Spark query's failure."""
 
 from __future__ import annotations
 

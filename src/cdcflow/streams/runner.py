@@ -212,6 +212,8 @@ class Runner:
         self.catalog.record_error(name, object_name, (message if cause is None else
                                                       f"{cause} ({message})")[:2000])
         self.catalog.update_status(name, waiting_for=cause)
+        if cause is not None and name in self.workers:
+            self.workers[name].stats["waiting"] = True  # forgiven at its next batch
         try:
             self.catalog.act(name, "fail")
             if is_permanent(error):
@@ -266,7 +268,9 @@ class Runner:
             self.catalog.update_status(worker.name, waiting_for=None)
         if setup.source.has_worker and self._now() - worker.stats.get("capture_at", 0) >= 2:
             worker.stats["capture_at"] = self._now()
-            self.catalog.update_status(worker.name, capture=self._capture_status(setup))
+            found = self._capture_status(setup)
+            self.catalog.update_status(worker.name, capture=found)
+            self.capture.appended(worker.name, found.get("appended_at"))
             self.sweeper.sweep_due(setup, committed_micros(worker.query))
 
     def _check_capture_failed(self, name: str) -> None:
@@ -332,6 +336,9 @@ class Runner:
             batch_timing=_batch_timing(worker.reporting, result) | {
                 "report_ms": stats.get("report_ms")}, **extra)
         stats["report_ms"] = round((time.monotonic() - began) * 1000, 1)  # shown next batch
+        if stats.pop("waiting", False):  # it writes again: the machine's refusal is over
+            self.catalog.healthy(name)
+            self.catalog.update_status(name, waiting_for=None)
 
     def _stop_query(self, worker: Worker) -> None:
         """Stop the stream's query between batches, never inside one (see

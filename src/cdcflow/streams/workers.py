@@ -3,8 +3,9 @@
 `cdcflow run` keeps a worker alive for each such stream while it is STARTING, RUNNING or
 DRAINING. A worker that dies (a crash, a SIGKILL, a lost connection) is started again after a
 backoff that doubles with each consecutive death (1 s, 2 s, 4 s ... up to a minute) and
-resets once a worker has lived a minute. Nothing is lost: a worker resumes from the position
-stored in the log with the last transaction it appended (see `cdcflow.capture.source`).
+resets once a worker has lived a minute or has appended a transaction. Nothing is lost: a
+worker resumes from the position stored in the log with the last transaction it appended
+(see `cdcflow.capture.source`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from cdcflow.capture.source import WorkerHooks
 from cdcflow.clock import Clock
 from cdcflow.errors import NotFound, PositionLost
-from cdcflow.model.timestamps import format_rfc3339, to_micros
+from cdcflow.model.timestamps import format_rfc3339, parse_timestamp, to_micros
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
@@ -162,6 +163,14 @@ class CaptureWorkers:
         worker.process = None
         self.on_death(name, f"capture worker exited with code {code}; restarting in "
                             f"{delay:.1f} s (death {worker.deaths} in a row)")
+
+    def appended(self, name: str, at: str | None) -> None:
+        """The stream's capture last appended at `at` (RFC 3339): a worker that has appended
+        since it started works, and its run of deaths is over."""
+        worker = self._workers.get(name)
+        if worker is not None and worker.process is not None and at is not None and \
+                to_micros(parse_timestamp(at)) / 1e6 > worker.started:
+            worker.deaths = 0
 
     @staticmethod
     def _spawn(target: Callable[..., None], args: tuple[Any, ...]) -> Any:

@@ -1,7 +1,8 @@
 """Capture workers: a real capture process appending to a real change log is SIGKILLed at
-random points; the supervisor notices each death, restarts it with a doubling backoff, and the
-worker resumes from the position stored with its last append, so every source transaction is
-in the log exactly once. The status shows the worker's position and lag."""
+random points; the supervisor notices each death, restarts it with a doubling backoff (reset
+once a worker appends), and the worker resumes from the position stored with its last
+append, so every source transaction is in the log exactly once. The status shows the
+worker's position and lag."""
 
 from __future__ import annotations
 
@@ -93,7 +94,19 @@ def test_killed_workers_are_restarted_with_backoff_and_resume_exactly(tmp_path: 
         assert time.monotonic() < deadline, log.position("journal")
         workers.ensure("s", journal_capture, (log_path, str(journal)))
         time.sleep(0.05)
+    assert workers.info("s")["deaths_in_a_row"] >= 6  # type: ignore[index]
+    workers.appended("s", "1970-01-01T00:00:00Z")  # appended before this worker began
+    assert workers.info("s")["deaths_in_a_row"] >= 6  # type: ignore[index]
+    with open(journal, "a") as out:  # one this worker appends: its run of deaths is over
+        out.write(json.dumps([transactions * 10 + k for k in range(3)]) + "\n")
+    transactions += 1
+    while log.position("journal").position != {"line": transactions}:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, log.position("journal")
+        workers.ensure("s", journal_capture, (log_path, str(journal)))
+        time.sleep(0.05)
     status = capture_status(log_path, "journal", SYSTEM_CLOCK)
+    workers.appended("s", status["appended_at"])
+    assert workers.info("s")["deaths_in_a_row"] == 0  # type: ignore[index]
     workers.stop_all()
     records = follow_change_stream(log, "changes", log.earliest_readable("changes"),
                                    log.current_timestamp()).records
