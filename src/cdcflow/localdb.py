@@ -112,6 +112,11 @@ class LocalPostgres:
                          "ON_ERROR_STOP=1", "-h", str(self.folder), "-p", str(self.port),
                          "-U", "postgres", "-d", database, "-c", statement)
 
+    def restart(self, mode: str = "fast") -> None:
+        """Restart the server; `mode` is pg_ctl's: smart, fast, or immediate (a crash)."""
+        self._run(str(bin_dir() / "pg_ctl"), "-D", str(self.folder / "data"), "-l",
+                  str(self.folder / "server.log"), "-m", mode, "-w", "-t", "60", "restart")
+
     def stop(self) -> None:
         try:
             self._run(str(bin_dir() / "pg_ctl"), "-D", str(self.folder / "data"), "-m",
