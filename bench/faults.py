@@ -42,8 +42,9 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="cdcflow-faults-"))
     try:
         kinds = args.kinds.split(",") if args.kinds else KINDS
-        result = run_campaign(Campaign(folder, args.faults, tuple(kinds), args.seed,
-                                       writer_rate=args.rate, postgres=args.postgres))
+        result = run_campaign(Campaign(folder, faults=args.faults, kinds=tuple(kinds),
+                                       seed=args.seed, writer_rate=args.rate,
+                                       postgres=args.postgres))
     except Exception:
         catalog = Catalog(folder / "catalog.db")
         errors = {name: catalog.errors(name, limit=10) for name in (NAME, PG_NAME)

@@ -49,13 +49,13 @@ class Campaign:
     folder: Path
     faults: int = 100
     """Faults of `kinds`, in turn; with `postgres` each has a PostgreSQL fault for company."""
-    counts: dict[str, int] | None = None
-    """Instead of `faults` of `kinds`: how many of each kind (interleaved)."""
     kinds: tuple[str, ...] = KINDS
     seed: int = 1
     tmpfs_mb: int = 512  # the events of a long campaign fill 64 MB (then the disk stays full)
     writer_rate: float = 40.0
     postgres: bool = False
+    counts: dict[str, int] | None = None
+    """Instead of `faults` of `kinds`: how many of each kind (interleaved)."""
     injected: dict[str, int] = field(default_factory=dict)
     recoveries: dict[str, list[float]] = field(default_factory=dict)
 
