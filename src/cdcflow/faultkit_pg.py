@@ -30,6 +30,7 @@ from cdcflow.localdb import LocalPostgres
 from cdcflow.model.timestamps import parse_timestamp, to_micros
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.lease import process_state
 from cdcflow.workload_faults import PG_DDL
 
 PG_NAME = "faults-pg"
@@ -81,9 +82,17 @@ class PostgresSide:
     def kill_capture(self, runner_pid: Callable[[], int | None]) -> float:
         """SIGKILL the capture worker of the runner now running, as soon as there is one; the
         seconds until the stream caught up again."""
-        self.wait(lambda: self._worker_of(runner_pid()), 300, "a capture worker to kill")
+        pid: int | None = None
+
+        def seen() -> bool:
+            nonlocal pid
+            pid = self._worker_of(runner_pid())
+            return pid is not None
+
+        self.wait(seen, 300, "a capture worker to kill")
+        assert pid is not None  # the pid seen alive: never 0, which would be the group
         began = self.now()
-        os.kill(self._worker_of(runner_pid()) or 0, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         return self._recovered(began)
 
     def _worker_of(self, runner: int | None) -> int | None:
@@ -92,11 +101,9 @@ class PostgresSide:
         pid = self._capture().get("pid")
         if pid is None or runner is None:
             return None
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            return None
-        return int(pid) if stat[0] != "Z" and int(stat[1]) == runner else None
+        found = process_state(int(pid))
+        return int(pid) if found is not None and found[0] != "Z" and found[1] == runner \
+            else None
 
     def restart_server(self) -> float:
         """Restart PostgreSQL (a crash, then a fast shutdown, in turn)."""

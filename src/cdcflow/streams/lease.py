@@ -95,8 +95,16 @@ def gone_from_this_machine(holder: str) -> bool:
         return True
     except PermissionError:  # someone else's live process
         return False
+    found = process_state(pid)
+    return found is not None and found[0] == "Z"
+
+
+def process_state(pid: int) -> tuple[str, int] | None:
+    """A live or zombie process's state letter ("Z": a zombie) and parent pid, from
+    /proc; None when there is no such process (or no /proc)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            return stat.read().rpartition(")")[2].split()[0] == "Z"
+            fields = stat.read().rpartition(")")[2].split()
     except OSError:
-        return False
+        return None
+    return fields[0], int(fields[1])

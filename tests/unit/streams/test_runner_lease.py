@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cdcflow.clock import FakeClock
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.lease import STALL_SECONDS, RunnerLease
+from cdcflow.streams.lease import STALL_SECONDS, RunnerLease, process_state
 
 
 def test_one_runner_holds_the_lease_until_it_expires_or_is_released(tmp_path: Path):
@@ -58,7 +58,7 @@ def _dead_pid(reap: bool) -> int:
         child.wait()
         return child.pid
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+    while (process_state(child.pid) or ("gone", 0))[0] != "Z":
         assert time.monotonic() < deadline, "the child never became a zombie"
         time.sleep(0.01)
     return child.pid
