@@ -8,13 +8,15 @@ under the same runner, and each of those faults has a PostgreSQL fault for compa
 random moment while it is under way: SIGKILL of the capture worker, or a restart of the
 server (a crash and a fast shutdown in turn); so --faults 100 --postgres injects 200. Each
 fault is mended as a user would; at the end every stream is drained and `cdcflow verify`
-compares.
+compares. With --standbys N, N more `cdcflow run`s stand by on the catalog: one of them
+takes a killed runner's streams over, and the runner started again stands by in its turn.
 
 Prints: faults by kind, changes committed, changes lost and duplicated (both must be 0),
 event uuids seen twice, wall time, and recovery time p50/p99 (from the fault to the next
 finished batch). The baseline is the exactly-once claim itself: 0 lost, 0 duplicated.
 Needs root (tmpfs mounts).
-Usage: python bench/faults.py [--faults 100] [--postgres] [--seed 1] [--kinds kill-runner,...]
+Usage: python bench/faults.py [--faults 100] [--postgres] [--standbys 2] [--seed 1]
+       [--kinds kill-runner,...]
 """
 
 from __future__ import annotations
@@ -38,13 +40,16 @@ def main() -> None:
     parser.add_argument("--kinds", help=f"in turn; default {','.join(KINDS)}; any of "
                         f"{','.join(ALL_KINDS)}")
     parser.add_argument("--rate", type=float, default=40.0, help="writer transactions/s")
+    parser.add_argument("--standbys", type=int, default=0,
+                        help="runners in standby: one takes a killed runner's streams over; "
+                        "without, the runner started again does")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="cdcflow-faults-"))
     try:
         kinds = args.kinds.split(",") if args.kinds else KINDS
         result = run_campaign(Campaign(folder, faults=args.faults, kinds=tuple(kinds),
                                        seed=args.seed, writer_rate=args.rate,
-                                       postgres=args.postgres))
+                                       postgres=args.postgres, standbys=args.standbys))
     except Exception:
         catalog = Catalog(folder / "catalog.db")
         errors = {name: catalog.errors(name, limit=10) for name in (NAME, PG_NAME)

@@ -9,7 +9,9 @@ Faults: kill-runner (SIGKILL `cdcflow run` with its JVM at a random moment), kil
 (SIGKILL while a CDC-table apply holds its lock), kill-mid-events (SIGKILL while an event
 file is being written), disk-full (the destination's tmpfs filled up), read-only (the
 destination remounted read-only); with PostgreSQL also kill-capture and restart-postgres
-(`cdcflow.faultkit_pg`). Needs root for the mounts.
+(`cdcflow.faultkit_pg`). With `standbys`, more `cdcflow run`s wait on the catalog's lease
+and take a killed runner's streams over; the runner started again stands by in its turn.
+Needs root for the mounts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import fcntl
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK
+from cdcflow.faultkit_figures import figures
 from cdcflow.faultkit_pg import PG_KINDS, PG_NAME, Companion, PostgresSide
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.model.timestamps import to_micros
@@ -39,7 +41,8 @@ from cdcflow.streams.states import StreamState
 from cdcflow.streams.verify import verify
 from cdcflow.testing import WORKLOAD_DDL
 
-KINDS = ("kill-runner", "kill-mid-apply", "kill-mid-events", "disk-full", "read-only")
+RUNNER_KILLS = ("kill-runner", "kill-mid-apply", "kill-mid-events")
+KINDS = (*RUNNER_KILLS, "disk-full", "read-only")
 ALL_KINDS = KINDS + PG_KINDS
 NAME = "faults"
 
@@ -56,20 +59,36 @@ class Campaign:
     postgres: bool = False
     counts: dict[str, int] | None = None
     """Instead of `faults` of `kinds`: how many of each kind (interleaved)."""
+    standbys: int = 0
+    """`cdcflow run`s in standby beside the one that drives the streams, as a user who wants
+    fast failover would run them: a standby takes a killed runner's streams over, and the
+    runner started again (once they run again) stands by in its turn. Without, the runner
+    started again takes over."""
     injected: dict[str, int] = field(default_factory=dict)
     recoveries: dict[str, list[float]] = field(default_factory=dict)
 
     def schedule(self) -> list[str]:
-        """The kinds of the faults, in the order they come."""
+        """The kinds of the faults, in the order they come: `kinds` in turn; or `counts`,
+        each kind in turn among the runner kills and among the others, with the runner
+        kills spread evenly among the others (a runner started again has the faults
+        between to start in)."""
         if self.counts is None:
             return [self.kinds[number % len(self.kinds)] for number in range(self.faults)]
-        left, order = dict(self.counts), []
-        while any(left.values()):
-            for kind in self.counts:
-                if left[kind] > 0:
-                    order.append(kind)
-                    left[kind] -= 1
-        return order
+        kills = _in_turn({k: n for k, n in self.counts.items() if k in RUNNER_KILLS})
+        others = _in_turn({k: n for k, n in self.counts.items() if k not in RUNNER_KILLS})
+        slots = sorted([((i + 0.5) / len(kills), 0, kind) for i, kind in enumerate(kills)] +
+                       [((i + 0.5) / len(others), 1, kind) for i, kind in enumerate(others)])
+        return [kind for _, _, kind in slots]
+
+
+def _in_turn(counts: dict[str, int]) -> list[str]:
+    left, order = dict(counts), []
+    while any(left.values()):
+        for kind in counts:
+            if left[kind] > 0:
+                order.append(kind)
+                left[kind] -= 1
+    return order
 
 
 class Rig:
@@ -79,7 +98,7 @@ class Rig:
         self.campaign = campaign
         self.folder = campaign.folder
         self.dest = self.folder / "dest"
-        self.runner: subprocess.Popen[bytes] | None = None
+        self.runners: list[subprocess.Popen[bytes]] = []
         self.starts = 0
         self.rng = random.Random(campaign.seed)
         self.names = [NAME, PG_NAME] if campaign.postgres else [NAME]
@@ -111,7 +130,8 @@ class Rig:
         return [self.db_path] + ([self.pg.dsn()] if self.pg is not None else [])
 
     def teardown(self) -> None:
-        self.kill_runner()
+        for runner in list(self.runners):
+            self.kill(runner)
         with contextlib.suppress(RuntimeError):
             _run("umount", "-l", str(self.dest))
         if self.pg is not None:
@@ -120,31 +140,52 @@ class Rig:
     # ---- processes -------------------------------------------------------------------------
 
     def start_runner(self) -> None:
+        """Start one more `cdcflow run`: the one that drives the streams, or (while another
+        holds the lease) a standby that takes over once that one dies."""
         self.starts += 1
         log = (self.folder / f"runner-{self.starts}.log").open("wb")
-        self.runner = subprocess.Popen(
+        self.runners.append(subprocess.Popen(
             [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
              str(self.folder / "catalog.db"), "--master", "local[2]", "--json",
              "--lease-seconds", "3"], start_new_session=True, stdout=log,
-            stderr=subprocess.STDOUT, cwd=self.folder)
+            stderr=subprocess.STDOUT, cwd=self.folder))
         log.close()
 
-    def kill_runner(self) -> None:
-        if self.runner is not None and self.runner.poll() is None:
-            os.killpg(self.runner.pid, signal.SIGKILL)
-            self.runner.wait()
+    def driving(self) -> subprocess.Popen[bytes] | None:
+        """The live runner that holds the catalog's lease, if one does now."""
+        lease = self.catalog.lease()
+        pid = lease[0].rsplit(":", 2)[1] if lease else ""
+        return next((r for r in self.runners if str(r.pid) == pid and r.poll() is None), None)
 
-    def stop_runner(self) -> None:
-        if self.runner is not None and self.runner.poll() is None:
-            os.killpg(self.runner.pid, signal.SIGINT)
-            try:
-                self.runner.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.kill_runner()
+    def driver(self) -> subprocess.Popen[bytes]:
+        """The runner that drives the streams, once one does."""
+        wait_for(lambda: self.driving() is not None, 300, "a runner to hold the lease",
+                 self.recent_errors)
+        runner = self.driving()
+        assert runner is not None
+        return runner
+
+    def kill(self, runner: subprocess.Popen[bytes] | None) -> None:
+        """SIGKILL a runner, with its JVM and capture workers."""
+        if runner is not None and runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+        self.runners = [r for r in self.runners if r.poll() is None]
+
+    def stop_runners(self) -> None:
+        """Stop every runner as a user would (SIGINT), the standbys first."""
+        driving = self.driving()
+        for runner in sorted(self.runners, key=lambda r: r is driving):
+            if runner.poll() is None:
+                os.killpg(runner.pid, signal.SIGINT)
+                try:
+                    runner.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    self.kill(runner)
 
     def runner_pid(self) -> int | None:
-        return self.runner.pid if self.runner is not None and self.runner.poll() is None \
-            else None
+        runner = self.driving()
+        return runner.pid if runner is not None else None
 
     def batches(self) -> dict[str, int]:
         return {name: int(self.catalog.status(name).get("batches") or 0)
@@ -208,15 +249,10 @@ def inject(rig: Rig, kind: str) -> float:
     freed...) until every stream it hit has run a batch again. The batch count is read only
     once the fault has stopped every stream it hits, so no batch from before counts."""
     match kind:
-        case "kill-runner":
-            time.sleep(rig.rng.uniform(0, 2))  # a random moment of the stream's work
-            rig.kill_runner()
-        case "kill-mid-apply":
-            _when(lambda: _apply_running(rig.dest), 30)
-            rig.kill_runner()
-        case "kill-mid-events":
-            _when(lambda: any(rig.dest.glob("*events/**/.*.tmp")), 30)
-            rig.kill_runner()
+        case "kill-runner" | "kill-mid-apply" | "kill-mid-events":
+            victim = rig.driver()  # found first: the moment to kill may be short
+            _moment_to_kill(rig, kind)
+            rig.kill(victim)
         case "disk-full":
             return _disk_full(rig)
         case "read-only":
@@ -227,9 +263,22 @@ def inject(rig: Rig, kind: str) -> float:
             return rig.pg.restart_server()
         case _:
             raise ValueError(f"no such fault here: {kind!r}")
-    before = rig.batches()  # the runner is dead: no batch runs until it is back
-    rig.start_runner()
-    return rig.progressed(before)
+    before = rig.batches()  # the runner is dead: no batch runs until one takes over
+    if not rig.campaign.standbys:
+        rig.start_runner()  # started again, it takes over
+        return rig.progressed(before)
+    seconds = rig.progressed(before)  # a standby took over
+    rig.start_runner()  # started again once the streams run: it stands by
+    return seconds
+
+
+def _moment_to_kill(rig: Rig, kind: str) -> None:
+    if kind == "kill-runner":
+        time.sleep(rig.rng.uniform(0, 2))  # a random moment of the stream's work
+    elif kind == "kill-mid-apply":
+        _when(lambda: _apply_running(rig.dest), 30)
+    else:
+        _when(lambda: any(rig.dest.glob("*events/**/.*.tmp")), 30)
 
 
 def _when(condition: Any, seconds: float) -> bool:
@@ -295,7 +344,8 @@ def run_campaign(campaign: Campaign) -> dict[str, Any]:
         rig.setup()
         writers = [_start_writer(campaign, target, number, stop_file)
                    for number, target in enumerate(rig.writer_targets())]
-        rig.start_runner()
+        for _ in range(1 + campaign.standbys):
+            rig.start_runner()
         for name in rig.names:
             wait_for(partial(rig.ran_since, name, -1), 300, f"the stream {name} to run",
                      rig.recent_errors)
@@ -310,7 +360,7 @@ def run_campaign(campaign: Campaign) -> dict[str, Any]:
         for writer in writers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 writer.wait(timeout=60)
-        rig.stop_runner()
+        rig.stop_runners()
         rig.teardown()
     counts = [campaign.folder / f"writer-{n}.json" for n in range(len(writers))]
     return figures(campaign, reports, counts, time.monotonic() - began)
@@ -339,39 +389,6 @@ def _start_writer(campaign: Campaign, target: str, number: int,
         "main(sys.argv[1:])", target, str(stop_file),
         str(campaign.folder / f"writer-{number}.json"), str(campaign.seed + number),
         str(campaign.writer_rate)])
-
-
-def figures(campaign: Campaign, reports: dict[str, dict[str, Any]], counts_files: list[Path],
-            seconds: float) -> dict[str, Any]:
-    import json
-
-    counts = [json.loads(f.read_text()) for f in counts_files if f.exists()]
-    objects = [o for report in reports.values() for o in report["objects"]]
-    lost = sum(o[side].get("missing", 0) + o[side].get("differ", 0)
-               for o in objects for side in ("cdc_table", "events"))
-    duplicated = sum(o[side].get("extra", 0) + o[side].get("duplicated", 0)
-                     for o in objects for side in ("cdc_table", "events"))
-    every = [r for kind in campaign.recoveries.values() for r in kind]
-    return {
-        "faults": campaign.injected, "faults_total": sum(campaign.injected.values()),
-        "transactions_committed": sum(c.get("transactions", 0) for c in counts),
-        "changes_committed": sum(c.get("changes", 0) for c in counts),
-        "changes_lost": lost, "changes_duplicated": duplicated,
-        "duplicate_event_uuids": sum(o["events"].get("duplicate_uuids", 0) for o in objects),
-        "verify_equal": all(report["equal"] for report in reports.values()),
-        "verify": reports, "wall_seconds": round(seconds, 1),
-        "recovery_p50_seconds": _percentile(every, 0.5),
-        "recovery_p99_seconds": _percentile(every, 0.99),
-        "recovery_p50_by_kind": {kind: _percentile(found, 0.5)
-                                 for kind, found in campaign.recoveries.items()},
-    }
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values) or [0.0]
-    if fraction == 0.5:
-        return round(statistics.median(ordered), 2)
-    return round(ordered[int(fraction * (len(ordered) - 1))], 2)
 
 
 if __name__ == "__main__":  # pragma: no cover - bench/faults.py is the entry point

@@ -5,7 +5,8 @@ turn of its loop (a Spark query starting, say) does not let it lapse; the heartb
 renewing when the loop has not turned for STALL_SECONDS (a hung runner). Another runner
 waits in standby and takes the lease over once it has expired: a runner that was killed,
 or hung, has its streams taken over. A holder on this machine whose process is gone (killed)
-is taken over at once, without waiting for its lease to expire. A runner that finds the
+is taken over at once, without waiting for its lease to expire: a standby looks every
+second. A runner that finds the
 lease held by another stops everything it drove before it waits. Times are the catalog's
 clock.
 """
@@ -21,6 +22,9 @@ from cdcflow.model.timestamps import to_micros
 from cdcflow.streams.catalog import Catalog
 
 STALL_SECONDS = 600.0
+STANDBY_POLL_SECONDS = 1.0
+"""How often a standby looks at the lease at most: a holder on this machine that has died is
+taken over within about this long, whatever the lease's length."""
 
 
 class RunnerLease:
@@ -59,8 +63,13 @@ class RunnerLease:
         self._ticked = self._now()
         return self.held
 
+    def pause(self) -> float:
+        """Seconds until the next beat: the holder renews three times per lease; a standby
+        looks at least every STANDBY_POLL_SECONDS, so that it notices a dead holder soon."""
+        return self.seconds / 3 if self.held else min(self.seconds / 3, STANDBY_POLL_SECONDS)
+
     def _beat(self) -> None:
-        while not self._stop.wait(self.seconds / 3):
+        while not self._stop.wait(self.pause()):
             try:
                 self._beat_once()
             except Exception:  # the catalog is busy or away: try again next beat

@@ -6,9 +6,10 @@ event files; each mended as a user would. At the end, each stream drained and ch
 
 20 or more faults of every kind that needs no new JVM: the full disk, the read-only folder,
 the killed capture worker, the restarted PostgreSQL server (one of the last two lands during
-each of the others). The three that kill `cdcflow run` with its JVM cost a new JVM and Spark
-session each (about 12 s here), so they get RUNNER_KILLS each; `bench/faults.py` runs them
-by the hundred."""
+each of the others). The three kinds that kill `cdcflow run` with its JVM get RUNNER_KILLS
+each, spread among the others: each costs a JVM start (about 12 s of this 2-core machine's
+time, with a runner in standby too: 24 of them took the campaign from 457 to 694 s), so
+`bench/faults.py` runs them by the hundred, with and without a standby."""
 
 from __future__ import annotations
 

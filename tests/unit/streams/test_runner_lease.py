@@ -8,7 +8,12 @@ from pathlib import Path
 
 from cdcflow.clock import FakeClock
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.lease import STALL_SECONDS, RunnerLease, process_state
+from cdcflow.streams.lease import (
+    STALL_SECONDS,
+    STANDBY_POLL_SECONDS,
+    RunnerLease,
+    process_state,
+)
 
 
 def test_one_runner_holds_the_lease_until_it_expires_or_is_released(tmp_path: Path):
@@ -81,3 +86,15 @@ def test_a_killed_holder_on_this_machine_is_taken_over_at_once(tmp_path: Path):
         waiting = RunnerLease(Catalog(tmp_path / "c.db", clock), seconds=10)
         assert not waiting.hold() and waiting.other == (alive, catalog.lease()[1]), alive
         catalog.release_lease(alive)
+
+
+def test_a_standby_looks_at_the_lease_every_second_whatever_its_length(tmp_path: Path):
+    """The holder renews three times per lease; a standby (of a 15 s lease, the default)
+    looks every second, so that a killed holder on this machine is taken over soon."""
+    clock = FakeClock()
+    holder = RunnerLease(Catalog(tmp_path / "c.db", clock), seconds=15)
+    standby = RunnerLease(Catalog(tmp_path / "c.db", clock), seconds=15)
+    assert holder.hold() and not standby.hold()
+    assert (holder.pause(), standby.pause()) == (5.0, STANDBY_POLL_SECONDS)
+    short = RunnerLease(Catalog(tmp_path / "c.db", clock), seconds=1.5)
+    assert not short.hold() and short.pause() == 0.5  # a short lease: its own third
