@@ -178,10 +178,12 @@ class Rig:
         for runner in sorted(self.runners, key=lambda r: r is driving):
             if runner.poll() is None:
                 os.killpg(runner.pid, signal.SIGINT)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     runner.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    self.kill(runner)
+            with contextlib.suppress(ProcessLookupError):  # a JVM left behind by a runner
+                os.killpg(runner.pid, signal.SIGKILL)  # stopped while it started it
+            runner.wait()
+        self.runners = []
 
     def runner_pid(self) -> int | None:
         runner = self.driving()
