@@ -37,6 +37,7 @@ from cdcflow.model.timestamps import to_micros
 from cdcflow.store.database import Database
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.lease import holder_pid
 from cdcflow.streams.states import StreamState
 from cdcflow.streams.verify import verify
 from cdcflow.testing import WORKLOAD_DDL
@@ -154,8 +155,8 @@ class Rig:
     def driving(self) -> subprocess.Popen[bytes] | None:
         """The live runner that holds the catalog's lease, if one does now."""
         lease = self.catalog.lease()
-        pid = lease[0].rsplit(":", 2)[1] if lease else ""
-        return next((r for r in self.runners if str(r.pid) == pid and r.poll() is None), None)
+        pid = holder_pid(lease[0]) if lease else None
+        return next((r for r in self.runners if r.pid == pid and r.poll() is None), None)
 
     def driver(self) -> subprocess.Popen[bytes]:
         """The runner that drives the streams, once one does."""

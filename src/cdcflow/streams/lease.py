@@ -6,9 +6,8 @@ renewing when the loop has not turned for STALL_SECONDS (a hung runner). Another
 waits in standby and takes the lease over once it has expired: a runner that was killed,
 or hung, has its streams taken over. A holder on this machine whose process is gone (killed)
 is taken over at once, without waiting for its lease to expire: a standby looks every
-second. A runner that finds the
-lease held by another stops everything it drove before it waits. Times are the catalog's
-clock.
+second. A runner that finds the lease held by another stops everything it drove before it
+waits. Times are the catalog's clock.
 """
 
 from __future__ import annotations
@@ -94,10 +93,9 @@ class RunnerLease:
 def gone_from_this_machine(holder: str) -> bool:
     """Whether `holder` ("host:pid:nonce") is a runner of this machine whose process has
     ended (no such process, or a zombie nobody has reaped yet)."""
-    parts = holder.rsplit(":", 2)
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+    pid = holder_pid(holder)
+    if pid is None:
         return False
-    pid = int(parts[1])
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -106,6 +104,14 @@ def gone_from_this_machine(holder: str) -> bool:
         return False
     found = process_state(pid)
     return found is not None and found[0] == "Z"
+
+
+def holder_pid(holder: str) -> int | None:
+    """The process id of `holder` ("host:pid:nonce") if it is a runner of this machine."""
+    parts = holder.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return None
+    return int(parts[1])
 
 
 def process_state(pid: int) -> tuple[str, int] | None:
