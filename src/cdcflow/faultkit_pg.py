@@ -31,11 +31,11 @@ from cdcflow.model.timestamps import parse_timestamp, to_micros
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.lease import process_state
-from cdcflow.workload_faults import PG_DDL
+from cdcflow.workload_faults import PG_DDL, PG_PASSWORD_ENV
 
 PG_NAME = "faults-pg"
 PG_KINDS = ("kill-capture", "restart-postgres")
-PASSWORD_ENV = "CDCFLOW_FAULTS_PG_PASSWORD"
+PASSWORD_ENV = PG_PASSWORD_ENV
 """The runner, its capture workers and the writer inherit the password from here."""
 
 Wait = Callable[[Callable[[], Any], float, str], None]

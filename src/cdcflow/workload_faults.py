@@ -22,6 +22,9 @@ from cdcflow.errors import AlreadyExists, FailedPrecondition, InvalidArgument, N
 from cdcflow.store.database import Database
 
 KEYS = 400
+PG_PASSWORD_ENV = "CDCFLOW_FAULTS_PG_PASSWORD"
+"""The PostgreSQL writer (and the campaign's runner and capture workers) read the password
+from here."""
 
 
 PG_DDL = ("CREATE TABLE accounts (id int PRIMARY KEY, owner text, balance bigint);"
@@ -136,7 +139,7 @@ _PG_STATEMENTS = {
 
 def run_pg_fault_writer(dsn: str, stop_file: Path, counts_file: Path, seed: int,
                         rate: float) -> None:
-    """The PostgreSQL writer; the password comes from CDCFLOW_FAULTS_PG_PASSWORD."""
+    """The PostgreSQL writer; the password comes from PG_PASSWORD_ENV."""
     import os
 
     import psycopg2
@@ -147,7 +150,7 @@ def run_pg_fault_writer(dsn: str, stop_file: Path, counts_file: Path, seed: int,
     while not stop_file.exists():
         try:
             if conn is None or conn.closed:
-                conn = psycopg2.connect(dsn, password=os.environ["CDCFLOW_FAULTS_PG_PASSWORD"],
+                conn = psycopg2.connect(dsn, password=os.environ[PG_PASSWORD_ENV],
                                         connect_timeout=5)
             counts["changes"] += _pg_transaction(conn, rng)
             counts["transactions"] += 1
