@@ -44,6 +44,8 @@ def main() -> None:
                         help="runners in standby: one takes a killed runner's streams over; "
                         "without, the runner started again does")
     args = parser.parse_args()
+    if args.standbys < 0:
+        parser.error(f"--standbys {args.standbys}: the runners in standby are 0 or more")
     folder = Path(tempfile.mkdtemp(prefix="cdcflow-faults-"))
     try:
         kinds = args.kinds.split(",") if args.kinds else KINDS
