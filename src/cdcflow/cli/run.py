@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.live import Live
@@ -79,7 +79,11 @@ def run(catalog: str, master: str, as_json: bool, verbose: bool, lease_seconds: 
     """Supervise streams until Ctrl-C; states stay in the catalog for the next run."""
     stop = threading.Event()
     log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
-    spark = spark_session(master, verbose, log_path)  # before the handlers: Spark sets SIGINT
+    try:
+        spark = spark_session(master, verbose, log_path)  # before the handlers: Spark sets SIGINT
+    except KeyboardInterrupt:  # held until the JVM was connected: it exits with this process
+        click.echo("runner stopped while Spark was starting; no stream ran", err=True)
+        exit_now(130)
 
     def interrupt(*_: Any) -> None:
         stop.set()
@@ -95,7 +99,7 @@ def run(catalog: str, master: str, as_json: bool, verbose: bool, lease_seconds: 
     exit_now(0)
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int) -> NoReturn:
     """Leave without interpreter teardown: native thread pools (Arrow, Delta) can abort the
     process while Python finalises after a Spark session; everything is flushed first."""
     sys.stdout.flush()

@@ -4,11 +4,15 @@ warnings, anything an executor prints) goes to `log_path`, and there are no prog
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import stat
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +119,32 @@ def _start_quiet_context(app_name: str, master: str, settings: dict[str, str],
     SparkContext(conf=spark_conf, gateway=gateway)
 
 
+@contextlib.contextmanager
+def _interrupt_once_connected() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) while the JVM starts and raise it once the gateway is connected.
+
+    Interrupted while it waits for the JVM, pyspark's launcher deletes the folder the JVM is
+    about to write its connection details to; the JVM's main thread then ends without exiting
+    and its gateway thread keeps it alive for good, with no parent. Once connected, the JVM
+    exits by itself when this process ends (end of file on its stdin)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, _frame: Any) -> None:
+        held.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is hold:  # SparkContext may have set its own
+            signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
+
+
 def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool = False,
             log_path: str | None = None, **conf: str) -> Any:
     """Get or create a SparkSession with the "cdcflow" data source registered."""
@@ -129,13 +159,14 @@ def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool =
     from cdcflow.spark.source import ChangeStreamSource
 
     settings = _settings(verbose, conf)
-    if not verbose:  # log4j2 reads this from the environment the JVM inherits
-        os.environ.setdefault("LOG4J_CONFIGURATION_FILE", _quiet_log_config())
-        _start_quiet_context(app_name, master, settings, log_path)
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _interrupt_once_connected():
+        if not verbose:  # log4j2 reads this from the environment the JVM inherits
+            os.environ.setdefault("LOG4J_CONFIGURATION_FILE", _quiet_log_config())
+            _start_quiet_context(app_name, master, settings, log_path)
+        spark = builder.getOrCreate()
     if not verbose:
         spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(ChangeStreamSource)
