@@ -15,6 +15,7 @@ from rich.live import Live
 
 from cdcflow.cli.live import is_terminal, log_line, render, snapshot
 from cdcflow.cli.streams import DEFAULT_CATALOG
+from cdcflow.errors import CdcflowError
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.runner import Runner
 
@@ -84,6 +85,9 @@ def run(catalog: str, master: str, as_json: bool, verbose: bool, lease_seconds: 
     except KeyboardInterrupt:  # held until the JVM was connected: it exits with this process
         click.echo("runner stopped while Spark was starting; no stream ran", err=True)
         exit_now(130)
+    except CdcflowError as error:  # a master that can't be reached, before any JVM
+        click.echo(f"error: {error}", err=True)
+        exit_now(2)
 
     def interrupt(*_: Any) -> None:
         stop.set()

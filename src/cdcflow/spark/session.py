@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cdcflow.spark.master import check_master
+
 _QUIET_LOG4J = """\
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
@@ -147,7 +149,9 @@ def _interrupt_once_connected() -> Iterator[None]:
 
 def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool = False,
             log_path: str | None = None, **conf: str) -> Any:
-    """Get or create a SparkSession with the "cdcflow" data source registered."""
+    """Get or create a SparkSession with the "cdcflow" data source registered. The master is
+    checked first (`check_master`): one that can't be reached fails before a JVM starts."""
+    check_master(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -1,0 +1,34 @@
+"""`cdcflow run` with a standalone master that can't be reached fails at once, naming it,
+before any JVM starts (issue 15), instead of Spark's minute of retries and a stack trace."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.streams.test_runner_interrupt import MARK, marked
+
+pytestmark = pytest.mark.integration
+
+
+def test_run_with_an_unreachable_master_fails_naming_it(tmp_path: Path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    master = f"spark://127.0.0.1:{port}"
+    mark = uuid.uuid4().hex
+    done = subprocess.run(
+        [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
+         str(tmp_path / "catalog.db"), "--master", master],
+        env={**os.environ, MARK: mark}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"Spark master {master!r} can't be reached" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not marked(mark), "a process of the run outlived it"
+    assert not (tmp_path / "logs" / "spark.log").exists(), "a JVM was started"
