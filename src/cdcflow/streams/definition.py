@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from cdcflow.errors import InvalidArgument
+from cdcflow.spark.master import standalone_addresses
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 MAX_SECONDS = 100 * 365 * 86_400
@@ -325,6 +326,12 @@ class SparkSettings(BaseModel):
     master: Word = "local[*]"
     trigger_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
     max_records_per_trigger: int | None = Field(default=None, ge=1, le=2**63 - 1)
+
+    @field_validator("master")
+    @classmethod
+    def _known_master(cls, master: str) -> str:
+        standalone_addresses(master)  # the form only: nothing is reached at definition time
+        return master
 
 
 class StreamDefinition(BaseModel):

@@ -46,6 +46,8 @@ def test_yaml_round_trip_and_object_selection():
     (YAML.replace("max_events: 500", "max_events: 0"), "max_events"),
     (YAML.replace("include:", "includes:"), "includes"),
     (YAML.split("destinations:")[0] + "destinations: []", "destinations"),
+    (YAML.replace('"local[2]"', "yarn"), "spark.master: Value error, Spark master 'yarn' is not"),
+    (YAML.replace('"local[2]"', '"spark://host"'), "'host' is not HOST:PORT"),
 ])
 def test_bad_definitions_are_rejected_with_the_field(text: str, needle: str):
     with pytest.raises(InvalidArgument) as caught:
