@@ -4,7 +4,6 @@ warnings, anything an executor prints) goes to `log_path`, and there are no prog
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import signal
@@ -12,7 +11,6 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,47 +102,63 @@ def _settings(verbose: bool, conf: dict[str, str]) -> dict[str, str]:
     return settings | {key.replace("_", "."): value for key, value in conf.items()}
 
 
-def _start_quiet_context(app_name: str, master: str, settings: dict[str, str],
-                         log_path: str | None) -> None:
-    """Start the JVM with its stdout and stderr in `log_path`, then the SparkContext."""
+def _start_context(app_name: str, master: str, settings: dict[str, str],
+                   log_path: str | None, verbose: bool) -> None:
+    """Start the JVM and the SparkContext; unless `verbose`, the JVM's stdout and stderr go
+    to `log_path`."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     if SparkContext._active_spark_context is not None:
         return
+    spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
+    if verbose:
+        SparkContext(conf=spark_conf)
+        return
     path = Path(log_path or Path(tempfile.gettempdir()) / f"cdcflow-spark-{os.getpid()}.log")
     path.parent.mkdir(parents=True, exist_ok=True)
-    spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
     with open(path, "ab") as log:  # the JVM keeps its own descriptor
         gateway = launch_gateway(  # type: ignore[no-untyped-call]
             spark_conf, popen_kwargs={"stdout": log, "stderr": log})
     SparkContext(conf=spark_conf, gateway=gateway)
 
 
-@contextlib.contextmanager
-def _interrupt_once_connected() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) while the JVM starts and raise it once the gateway is connected.
+class _HeldInterrupts:
+    """Hold Ctrl-C (SIGINT) while a session starts; raise it as KeyboardInterrupt at the end.
 
     Interrupted while it waits for the JVM, pyspark's launcher deletes the folder the JVM is
     about to write its connection details to; the JVM's main thread then ends without exiting
-    and its gateway thread keeps it alive for good, with no parent. Once connected, the JVM
-    exits by itself when this process ends (end of file on its stdin)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
+    and its gateway thread keeps it alive for good, with no parent. Interrupted later, the
+    handler SparkContext installs cancels jobs through a py4j call that may meet another in
+    flight, and py4j logs a traceback. Once the session is up, the JVM exits by itself when
+    this process ends (end of file on its stdin). Works in the main thread only; elsewhere
+    signals are not delivered anyway."""
 
-    def hold(signum: int, _frame: Any) -> None:
-        held.append(signum)
+    def __init__(self) -> None:
+        self.active = threading.current_thread() is threading.main_thread()
+        self.held = False
+        self.restore: Any = None
 
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGINT) is hold:  # SparkContext may have set its own
-            signal.signal(signal.SIGINT, previous)
-    if held:
-        raise KeyboardInterrupt
+    def _hold(self, _signum: int, _frame: Any) -> None:
+        self.held = True
+
+    def __enter__(self) -> _HeldInterrupts:
+        if self.active:
+            self.restore = signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def keep(self) -> None:
+        """Hold again after a step that installed its own handler (SparkContext's): that
+        handler is the one restored at the end."""
+        if self.active and signal.getsignal(signal.SIGINT) != self._hold:
+            self.restore = signal.signal(signal.SIGINT, self._hold)
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        if self.active:
+            self.keep()
+            signal.signal(signal.SIGINT, self.restore)
+        if kind is None and self.held:
+            raise KeyboardInterrupt
 
 
 def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool = False,
@@ -166,12 +180,13 @@ def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool =
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    with _interrupt_once_connected():
-        if not verbose:  # log4j2 reads this from the environment the JVM inherits
-            os.environ.setdefault("LOG4J_CONFIGURATION_FILE", _quiet_log_config())
-            _start_quiet_context(app_name, master, settings, log_path)
+    if not verbose:  # log4j2 reads this from the environment the JVM inherits
+        os.environ.setdefault("LOG4J_CONFIGURATION_FILE", _quiet_log_config())
+    with _HeldInterrupts() as interrupts:
+        _start_context(app_name, master, settings, log_path, verbose)
+        interrupts.keep()
         spark = builder.getOrCreate()
-    if not verbose:
-        spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(ChangeStreamSource)
+        if not verbose:
+            spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(ChangeStreamSource)
     return spark

@@ -4,7 +4,8 @@ pyspark's launcher, interrupted while it waits for the JVM, deletes the folder t
 its connection details to; that JVM then never exits. `session()` holds SIGINT until the
 gateway is connected. Each run here is marked by a variable in its environment, which the
 JVM and every other child inherit, so what is left of it is found in /proc whatever its
-parent became.
+parent became. The interrupts come at random moments after the JVM has been spawned: Ctrl-C
+while Python is still importing cdcflow, before any JVM, ends in Python's own traceback.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.integration
 MARK = "CDCFLOW_TEST_RUN_MARK"
 
 
-def marked(mark: str) -> list[int]:
-    """Pids of live processes whose environment holds `MARK=mark`."""
+def marked(mark: str, command: str | None = None) -> list[int]:
+    """Pids of live processes whose environment holds `MARK=mark` (and whose command name is
+    `command`, if given)."""
     needle = f"{MARK}={mark}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -34,17 +36,18 @@ def marked(mark: str) -> list[int]:
             continue
         try:
             environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if needle in environ.split(b"\0") and state != "Z":
+        name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()[0]
+        if needle in environ.split(b"\0") and state != "Z" and command in (None, name):
             found.append(int(entry.name))
     return found
 
 
 def interrupted_run(tmp_path: Path, delay: float) -> tuple[int, str, list[int]]:
-    """Start `cdcflow run`, SIGINT it `delay` s later; its exit code, its output and the
-    marked processes still alive 60 s after it exited (polled, not slept)."""
+    """Start `cdcflow run`, SIGINT it `delay` s after its JVM was spawned; its exit code, its
+    output and the marked processes still alive 60 s after it exited (polled, not slept)."""
     mark = uuid.uuid4().hex
     log = tmp_path / f"run-{mark}.log"
     with open(log, "wb") as out:
@@ -53,6 +56,10 @@ def interrupted_run(tmp_path: Path, delay: float) -> tuple[int, str, list[int]]:
              str(tmp_path / "catalog.db"), "--master", "local[1]"],
             env={**os.environ, MARK: mark}, stdout=out, stderr=subprocess.STDOUT)
         try:
+            deadline = time.monotonic() + 120
+            while not marked(mark, "java") and runner.poll() is None:
+                assert time.monotonic() < deadline, "no JVM was spawned"
+                time.sleep(0.05)
             time.sleep(delay)  # the moment to interrupt, not a wait for another process
             runner.send_signal(signal.SIGINT)
             code = runner.wait(timeout=120)
@@ -71,10 +78,10 @@ def interrupted_run(tmp_path: Path, delay: float) -> tuple[int, str, list[int]]:
 
 def test_ctrl_c_while_spark_starts_leaves_no_jvm(tmp_path: Path):
     seed = random.randrange(1 << 30)
-    moments = sorted(random.Random(seed).uniform(0.5, 6.0) for _ in range(3))
+    moments = sorted(random.Random(seed).uniform(0.0, 5.0) for _ in range(3))
     for delay in moments:
         code, output, left = interrupted_run(tmp_path, delay)
-        context = f"seed {seed}, SIGINT after {delay:.2f} s, exit {code}:\n{output[-2000:]}"
+        context = f"seed {seed}, SIGINT {delay:.2f} s after the JVM, exit {code}:\n{output[-2000:]}"
         assert not left, f"processes of the run outlived it: {left}; {context}"
         assert code in (0, 130), context
         assert "Traceback" not in output, context
