@@ -82,7 +82,7 @@ def run(catalog: str, master: str, as_json: bool, verbose: bool, lease_seconds: 
     log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
     try:
         spark = spark_session(master, verbose, log_path)  # before the handlers: Spark sets SIGINT
-    except KeyboardInterrupt:  # held until the JVM was connected: it exits with this process
+    except KeyboardInterrupt:  # held until the session was up: its JVM exits with this process
         click.echo("runner stopped while Spark was starting; no stream ran", err=True)
         exit_now(130)
     except CdcflowError as error:  # a master that can't be reached, before any JVM
