@@ -38,7 +38,8 @@ POLL_PAUSE = 0.05  # seconds between polls: the resolution is this plus one poll
 ROWS_PER_TRANSACTION = 5
 
 
-def prepare(folder: Path) -> Catalog:
+def prepare(folder: Path, spark: dict[str, object] | None = None) -> Catalog:
+    """The tables, the change stream and the started stream; `spark` adds to its settings."""
     database = Database.open(str(folder / "shop.db"))
     database.ddl(["CREATE TABLE Accounts (Id INT64 NOT NULL, Owner STRING(MAX), "
                   "Balance INT64) PRIMARY KEY (Id)",
@@ -51,7 +52,7 @@ def prepare(folder: Path) -> Catalog:
         "destinations": [{"kind": "cdc_table", "warehouse": str(folder / "warehouse")},
                          {"kind": "event_files", "root": str(folder / "events"),
                           "format": "json"}],
-        "spark": {"trigger_seconds": 0.01}}))
+        "spark": {"trigger_seconds": 0.01, **(spark or {})}}))
     catalog.act("latency", "start")
     return catalog
 
@@ -134,9 +135,17 @@ def report(probes: Probes, first: float, status: dict, args: argparse.Namespace)
 
 def measure(folder: Path, args: argparse.Namespace) -> None:
     catalog = prepare(folder)
+    probes, first = run_probes(folder, catalog, ["--master", "local[2]"], args)
+    report(probes, first, catalog.status("latency"), args)
+
+
+def run_probes(folder: Path, catalog: Catalog, options: list[str], args: argparse.Namespace
+               ) -> tuple[Probes, float]:
+    """`cdcflow run` with `options` on the prepared catalog, the writer at --rate for
+    --seconds, a probe every --every s; the probes, and when the first one showed."""
     runner = subprocess.Popen(
         [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-         str(folder / "catalog.db"), "--master", "local[2]"], start_new_session=True,
+         str(folder / "catalog.db"), *options], start_new_session=True,
         stdout=open(folder / "runner.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
     probes, stop = Probes(folder), threading.Event()
     poller = threading.Thread(target=probes.poll, args=(stop,))
@@ -164,7 +173,7 @@ def measure(folder: Path, args: argparse.Namespace) -> None:
         runner.wait(120)
     if poller.is_alive():
         poller.join()
-    report(probes, first, catalog.status("latency"), args)
+    return probes, first
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from cdcflow.cli.live import is_terminal, log_line, render, snapshot
 from cdcflow.cli.streams import DEFAULT_CATALOG
 from cdcflow.errors import CdcflowError
 from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.cluster import master_of_streams
 from cdcflow.streams.runner import Runner
 
 
@@ -29,11 +30,12 @@ def spark_session(master: str, verbose: bool, log_path: Path) -> Any:
 
 
 def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float = 2.0,
-              as_json: bool = False, lease_seconds: float = 15.0) -> None:
+              as_json: bool = False, lease_seconds: float = 15.0,
+              master_given: bool = False) -> None:
     """Run the runner in a thread and show progress until `stop` is set: a live table on a
     terminal, else a line per `every` seconds (JSON lines with `as_json`). While another
     runner holds the catalog's lease, this one waits and says so on stderr."""
-    runner = Runner(catalog_path, spark, lease_seconds=lease_seconds)
+    runner = Runner(catalog_path, spark, lease_seconds=lease_seconds, master_given=master_given)
     watch = threading.Thread(target=_report_standby, args=(runner, stop), daemon=True)
     watch.start()
     thread = threading.Thread(target=runner.run, args=(stop,), name="cdcflow-runner")
@@ -68,7 +70,9 @@ def _report_standby(runner: Runner, stop: threading.Event) -> None:
 
 @click.command()
 @click.option("--catalog", default=DEFAULT_CATALOG, show_default=True)
-@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--master", default=None,
+              help="Spark master, for every stream: local[N], local[*] or spark://HOST:PORT. "
+                   "Default: the master the streams' definitions name, else local[*].")
 @click.option("--json", "as_json", is_flag=True, help="Progress as JSON lines.")
 @click.option("--verbose", is_flag=True,
               help="Show Spark's output and progress bars (else: logs/spark.log beside the "
@@ -76,12 +80,15 @@ def _report_standby(runner: Runner, stop: threading.Event) -> None:
 @click.option("--lease-seconds", default=15.0, show_default=True,
               help="How long the catalog's runner lease lasts unrenewed: a second runner on "
                    "the catalog waits, and takes over this long after the first one dies.")
-def run(catalog: str, master: str, as_json: bool, verbose: bool, lease_seconds: float) -> None:
+def run(catalog: str, master: str | None, as_json: bool, verbose: bool,
+        lease_seconds: float) -> None:
     """Supervise streams until Ctrl-C; states stay in the catalog for the next run."""
     stop = threading.Event()
     log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
     try:
-        spark = spark_session(master, verbose, log_path)  # before the handlers: Spark sets SIGINT
+        chosen = master or master_of_streams(
+            [record.definition for record in Catalog(catalog).streams()])
+        spark = spark_session(chosen, verbose, log_path)  # before the handlers: Spark sets SIGINT
     except KeyboardInterrupt:  # held until the session was up: its JVM exits with this process
         click.echo("runner stopped while Spark was starting; no stream ran", err=True)
         exit_now(130)
@@ -95,7 +102,8 @@ def run(catalog: str, master: str, as_json: bool, verbose: bool, lease_seconds: 
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        supervise(catalog, stop, spark, as_json=as_json, lease_seconds=lease_seconds)
+        supervise(catalog, stop, spark, as_json=as_json, lease_seconds=lease_seconds,
+                  master_given=master is not None)
     finally:
         spark.stop()
     message = "runner stopped; stream states saved"

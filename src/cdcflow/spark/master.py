@@ -1,19 +1,24 @@
 """The Spark master a session is for, checked before a JVM starts (issue 15).
 
 Spark itself, given a standalone master that is down, retries for about a minute and then
-fails with a JVM stack trace. `check_master` says at once which master and why, and it
-refuses the masters cdcflow does not run on.
+fails with a JVM stack trace; so it does with a master of another Spark version. `check_master`
+says at once which master and why, and it refuses the masters cdcflow does not run on.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import socket
+import urllib.request
+from importlib.metadata import version
 
 from cdcflow.errors import FailedPrecondition, InvalidArgument
 
 _LOCAL = re.compile(r"local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?")
 _STANDALONE = "spark://"
+REST_PORT_VARIABLE = "CDCFLOW_SPARK_REST_PORT"
 _FORMS = "local, local[N], local[*], local[N,F] or spark://HOST:PORT[,HOST:PORT...]"
 
 
@@ -36,17 +41,49 @@ def _address(master: str, part: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def rest_port() -> int:
+    """The port of the masters' REST server: CDCFLOW_SPARK_REST_PORT, else Spark's 6066."""
+    text = os.environ.get(REST_PORT_VARIABLE, "6066")
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidArgument(f"{REST_PORT_VARIABLE}={text!r} is not a port in 1-65535")
+    return int(text)
+
+
+def check_version(master: str, host: str, timeout: float) -> None:
+    """Raise FailedPrecondition when the master's REST server says it runs another Spark
+    (major.minor) than this pyspark: the application would wait a minute for a master that
+    can't read it. No REST server there: no verdict."""
+    name = f"[{host}]" if ":" in host else host
+    url = f"http://{name}:{rest_port()}/v1/submissions/readyz"
+    try:
+        with urllib.request.urlopen(url,
+                                    timeout=timeout) as answer:
+            server = str(json.load(answer).get("serverSparkVersion", ""))
+    except (OSError, ValueError):
+        return
+    client = version("pyspark")
+    if server and server.split(".")[:2] != client.split(".")[:2]:
+        raise FailedPrecondition(
+            f"Spark master {master!r} runs Spark {server}, but this client's pyspark is "
+            f"{client}: the cluster and every client need the same Spark version "
+            f"(pip install 'pyspark=={server}')")
+
+
 def check_master(master: str, timeout: float = 5.0) -> None:
-    """Raise unless `master` is a local master or one of its standalone masters accepts a
-    TCP connection within `timeout` seconds (FailedPrecondition naming each try)."""
+    """Raise unless `master` is a local master, or one of its standalone masters accepts a
+    TCP connection within `timeout` seconds (FailedPrecondition naming each try) and does
+    not run another Spark version than this pyspark (`check_version`)."""
     failures = []
     addresses = standalone_addresses(master)
     for host, port in addresses:
         try:
             with socket.create_connection((host, port), timeout=timeout):
-                return
+                pass
         except OSError as error:
             failures.append(f"{host}:{port}: {error.strerror or error}")
+            continue
+        check_version(master, host, timeout)
+        return
     if addresses:
         raise FailedPrecondition(
             f"Spark master {master!r} can't be reached ({'; '.join(failures)}): start the "

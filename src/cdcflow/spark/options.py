@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cdcflow.errors import InvalidArgument
+from cdcflow.store.segments import storage
 
 KNOWN = {
     "database": "path of the embedded database file",
@@ -20,6 +21,8 @@ KNOWN = {
     "rawrecords": "true: one row per raw record, heartbeats and child partitions too",
     "numpartitions": "key-hash ranges of a table snapshot",
     "controlpath": "a control file holding the query (see cdcflow.spark.queries)",
+    "segmentroot": "a storage root every executor reaches: the driver seals each slice of "
+                   "the log there and executors read that, never the log (clusters)",
 }
 
 
@@ -36,6 +39,7 @@ class SourceOptions:
     raw: bool
     num_partitions: int
     control_path: str | None = None
+    segment_root: str | None = None
 
 
 def _int(options: Mapping[str, str], name: str, default: int | None, low: int,
@@ -70,6 +74,12 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raise InvalidArgument(f"option rawRecords = {raw_flag!r} must be true or false")
     heartbeat = _int(options, "heartbeatmilliseconds", 1000, 1000, 300_000)
     partitions = _int(options, "numpartitions", 4, 1, 1024)
+    segment_root = options.get("segmentroot")
+    if segment_root is not None:
+        storage(segment_root)  # an absolute path or a URI pyarrow reaches
+        if "table" in options:
+            raise InvalidArgument("option segmentRoot is for change streams: table snapshots "
+                                  "read the database file on executors")
     assert heartbeat is not None and partitions is not None
     return SourceOptions(
         database=database,
@@ -83,4 +93,5 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raw=raw_flag == "true",
         num_partitions=partitions,
         control_path=options.get("controlpath"),
+        segment_root=segment_root,
     )

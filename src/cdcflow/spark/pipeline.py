@@ -190,16 +190,20 @@ def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,
                 starting: str, checkpoint: str | Path, trigger: dict[str, Any],
                 max_records: int | None = None,
                 on_batch: Callable[[dict[str, Any]], None] | None = None,
-                control: str | None = None) -> Any:
+                control: str | None = None, segment_root: str | None = None) -> Any:
     """Start the streaming query of a plan over a change log; returns the StreamingQuery.
     `trigger` is a writeStream trigger (e.g. {"processingTime": "1 second"},
     {"availableNow": True}); `on_batch` sees each batch's counters; `control` is the path of
-    the query's control file, to stop it between batches (`cdcflow.spark.queries`)."""
+    the query's control file, to stop it between batches (`cdcflow.spark.queries`);
+    `segment_root`, a folder every executor reaches where the driver seals the log's slices
+    for them (clusters: `cdcflow.store.segments`)."""
     options = {"database": log_path, "stream": change_stream, "startingTimestamp": starting}
     if max_records:
         options["maxRecordsPerTrigger"] = str(max_records)
     if control:
         options["controlPath"] = control
+    if segment_root:
+        options["segmentRoot"] = segment_root
     reader = spark.readStream.format("cdcflow").options(**options)
     driver = DriverReader(str(checkpoint), parse_options(options), plan.driver_rows)
     logs = PendingLogs()
@@ -242,15 +246,19 @@ def apply_change_stream(
     max_staleness: timedelta | None = None,
     trigger: dict[str, Any] | None = None,
     max_records_per_trigger: int | None = None,
+    segment_root: str | None = None,
 ) -> Any:
     """Start a streaming query that keeps one CDC table per watched table equal to the source.
 
     Tables live at `<warehouse>/<table>`. Returns the StreamingQuery. Apply jobs run by
     `CdcTable.apply()` or `start_background_apply()`; reads merge pending changes anyway.
+    On a cluster, give `segment_root` (a folder every executor reaches, one per query) and
+    put the warehouse where every executor reaches it too (README "Running on a cluster").
     """
     db = Database.open(database, create=False)
     roots = _embedded_tables(db, stream, warehouse, max_staleness)
     plan = BatchPlan(stream, database, tuple(roots), roots,
                      f"change-stream:{Path(database).resolve()}:{stream}")
     return start_query(spark, plan, database, stream, starting_timestamp, checkpoint,
-                       trigger or {"processingTime": "1 second"}, max_records_per_trigger)
+                       trigger or {"processingTime": "1 second"}, max_records_per_trigger,
+                       segment_root=segment_root)

@@ -18,6 +18,7 @@ from cdcflow.spark.options import SourceOptions
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, arrow_of, table_columns
 from cdcflow.store.changelog import open_log
 from cdcflow.store.database import Database
+from cdcflow.store.segments import Segment, read_segment, seal
 
 _BATCH_ROWS = 8_192
 _COMPACT = (",", ":")
@@ -36,6 +37,19 @@ class ChangeSlice:
     partition_end: int | None
     heartbeat_ms: int
     raw: bool
+    segment_root: str | None = None
+    """Set: executors read the slice's sealed segment under this root, not the log."""
+
+    def read_until(self) -> int:
+        """The end of the range read: raw reads take the child-partitions record at the
+        partition's end too."""
+        if self.raw and self.partition_end is not None and self.partition_end == self.until + 1:
+            return self.partition_end
+        return self.until
+
+    def segment(self) -> Segment:
+        assert self.segment_root is not None
+        return Segment(self.segment_root, self.token, self.after, self.read_until())
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +75,33 @@ def change_slices(options: SourceOptions, partitions: list[PartitionMetadata], a
             out.append(ChangeSlice(options.database, options.stream, p.token,
                                    max(after, start - 1),
                                    until if end is None else min(until, end - 1), end,
-                                   options.heartbeat_ms, options.raw))
+                                   options.heartbeat_ms, options.raw, options.segment_root))
     return out
 
 
+def seal_slices(pieces: Sequence[ChangeSlice]) -> int:
+    """Driver side: seal the segment of each slice that has a segment root (the log is on
+    this machine; see `cdcflow.store.segments`); returns the bytes the segments hold."""
+    sealed = 0
+    for piece in pieces:
+        if piece.segment_root is not None:
+            log = open_log(piece.database)
+            sealed += seal(piece.segment(), log.read_log_texts(
+                piece.stream, piece.token, from_micros(piece.after),
+                from_micros(piece.read_until())))
+    return sealed
+
+
 def _bodies(piece: ChangeSlice) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    if piece.segment_root is not None:
+        table = read_segment(piece.segment())
+        columns = [table.column(name).to_pylist() for name in ("kind", "commit_micros", "body")]
+        for kind, micros, body in zip(*columns, strict=True):
+            yield kind, micros, orjson.loads(body)
+        return
     database = open_log(piece.database)
-    until = piece.until
-    if piece.raw and piece.partition_end is not None and piece.partition_end == until + 1:
-        until = piece.partition_end
     yield from database.read_log_entries(
-        piece.stream, piece.token, from_micros(piece.after), from_micros(until)
+        piece.stream, piece.token, from_micros(piece.after), from_micros(piece.read_until())
     )
 
 

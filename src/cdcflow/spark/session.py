@@ -14,7 +14,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from cdcflow.spark.master import check_master
+from cdcflow.spark.master import check_master, standalone_addresses
+from cdcflow.spark.shipping import package_zip
+
+SUBMITTED = "PYSPARK_GATEWAY_PORT"
+"""Set by spark-submit for the Python program it starts: its JVM, its --master."""
 
 _QUIET_LOG4J = """\
 rootLogger.level = error
@@ -102,7 +106,7 @@ def _settings(verbose: bool, conf: dict[str, str]) -> dict[str, str]:
     return settings | {key.replace("_", "."): value for key, value in conf.items()}
 
 
-def _start_context(app_name: str, master: str, settings: dict[str, str],
+def _start_context(app_name: str, master: str | None, settings: dict[str, str],
                    log_path: str | None, verbose: bool) -> None:
     """Start the JVM and the SparkContext; unless `verbose`, the JVM's stdout and stderr go
     to `log_path`."""
@@ -111,7 +115,9 @@ def _start_context(app_name: str, master: str, settings: dict[str, str],
 
     if SparkContext._active_spark_context is not None:
         return
-    spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
+    spark_conf = SparkConf().setAppName(app_name).setAll(list(settings.items()))
+    if master is not None:
+        spark_conf.setMaster(master)
     if verbose:
         SparkContext(conf=spark_conf)
         return
@@ -161,11 +167,18 @@ class _HeldInterrupts:
             raise KeyboardInterrupt
 
 
-def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool = False,
+def session(app_name: str = "cdcflow", master: str | None = None, verbose: bool = False,
             log_path: str | None = None, **conf: str) -> Any:
-    """Get or create a SparkSession with the "cdcflow" data source registered. The master is
-    checked first (`check_master`): one that can't be reached fails before a JVM starts."""
-    check_master(master)
+    """Get or create a SparkSession with the "cdcflow" data source registered.
+
+    The master is `master`; without one, spark-submit's `--master` when spark-submit started
+    this process, else local[*]. A master given here is checked first (`check_master`): one
+    that can't be reached fails before a JVM starts. On a standalone cluster, cdcflow's own
+    code is shipped to the executors (`cdcflow.spark.shipping`)."""
+    if master is None and SUBMITTED not in os.environ:
+        master = "local[*]"
+    if master is not None:
+        check_master(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -177,7 +190,12 @@ def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool =
     from cdcflow.spark.source import ChangeStreamSource
 
     settings = _settings(verbose, conf)
-    builder = SparkSession.builder.appName(app_name).master(master)
+    if master is not None and standalone_addresses(master):  # executors import this cdcflow
+        shipped = [p for p in settings.get("spark.submit.pyFiles", "").split(",") if p]
+        settings["spark.submit.pyFiles"] = ",".join([str(package_zip()), *shipped])
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     if not verbose:  # log4j2 reads this from the environment the JVM inherits
@@ -188,5 +206,7 @@ def session(app_name: str = "cdcflow", master: str = "local[*]", verbose: bool =
         spark = builder.getOrCreate()
         if not verbose:
             spark.sparkContext.setLogLevel("ERROR")
-        spark.dataSource.register(ChangeStreamSource)
+        if master is None and str(spark.sparkContext.master).startswith("spark://"):
+            spark.sparkContext.addPyFile(str(package_zip()))  # before the source captures
+        spark.dataSource.register(ChangeStreamSource)  # the files its workers get
     return spark

@@ -38,10 +38,12 @@ from cdcflow.spark.reading import (
     change_slices,
     read_changes,
     read_snapshot,
+    seal_slices,
 )
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, ddl_of, table_columns
 from cdcflow.store.changelog import LogReader, open_log
 from cdcflow.store.database import Database
+from cdcflow.store.segments import drop_segments_until
 
 _IDLE_SLEEP_MAX = 0.5
 
@@ -91,8 +93,11 @@ class ChangeStreamSource(DataSource):  # type: ignore[misc]
 def _slices(
     options: SourceOptions, partitions: list[PartitionMetadata], after: int, until: int
 ) -> list[SlicePartition]:
-    """One slice per partition whose span meets [after + 1, until]."""
-    return [SlicePartition(piece) for piece in change_slices(options, partitions, after, until)]
+    """One slice per partition whose span meets [after + 1, until]; with a segment root,
+    each slice is sealed there first, for executors that can't open the log."""
+    pieces = change_slices(options, partitions, after, until)
+    seal_slices(pieces)
+    return [SlicePartition(piece) for piece in pieces]
 
 
 def _starting_micros(options: SourceOptions, database: LogReader) -> int:
@@ -270,4 +275,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         return read_changes(partition.piece)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Runs one batch late (ARCHITECTURE): nothing is acknowledged upstream here."""
+        """Runs one batch late (ARCHITECTURE): nothing is acknowledged upstream here. The
+        segments of batches up to `end` are dropped: no replay reads them again."""
+        if self.options.segment_root is not None:
+            drop_segments_until(self.options.segment_root, StreamOffset.from_dict(end).timestamp)

@@ -70,6 +70,10 @@ class LogReader(Protocol):
         self, stream: str, token: str, after: datetime, until: datetime
     ) -> Iterator[tuple[str, int, dict[str, Any]]]: ...
 
+    def read_log_texts(
+        self, stream: str, token: str, after: datetime, until: datetime
+    ) -> Iterator[tuple[str, int, str]]: ...
+
     def log_mod_counts(
         self, stream: str, token: str, after: datetime, until: datetime, limit: int
     ) -> list[tuple[int, int]]: ...
@@ -258,6 +262,13 @@ class ChangeLog(LogWriter, ShardApi):
         self, stream: str, token: str, after: datetime, until: datetime
     ) -> Iterator[tuple[str, int, dict[str, Any]]]:
         """`read_log_bodies` with each record's commit timestamp in microseconds."""
+        for kind, micros, body in self.read_log_texts(stream, token, after, until):
+            yield kind, micros, orjson.loads(body)
+
+    def read_log_texts(
+        self, stream: str, token: str, after: datetime, until: datetime
+    ) -> Iterator[tuple[str, int, str]]:
+        """`read_log_entries` with each body as the log holds it: JSON text."""
         start = to_micros(after) + 1
         earliest = to_micros(self.earliest_readable(stream))
         if start < earliest:
@@ -267,7 +278,7 @@ class ChangeLog(LogWriter, ShardApi):
             )
         for kind, micros, body in scan_log(self._session(), stream, token, start - 1,
                                            to_micros(until)):
-            yield ("child" if kind == log.LOG_CHILD else "data"), micros, orjson.loads(body)
+            yield ("child" if kind == log.LOG_CHILD else "data"), micros, body
 
     def execute_sql(
         self,

@@ -326,12 +326,27 @@ class SparkSettings(BaseModel):
     master: Word = "local[*]"
     trigger_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
     max_records_per_trigger: int | None = Field(default=None, ge=1, le=2**63 - 1)
+    driver_batch_rows: int = Field(default=20_000, ge=0, le=10_000_000)
+    """A batch of at most this many changes is folded and written on the driver, without a
+    Spark job (latency); 0 sends every batch to the executors."""
+    storage_root: Word | None = None
+    """On a cluster: an absolute path that every executor reaches (NFS, or a disk mounted
+    at the same place everywhere). The destinations must lie under it; the stream's log
+    segments and its own row state go there (README "Running on a cluster")."""
 
     @field_validator("master")
     @classmethod
     def _known_master(cls, master: str) -> str:
         standalone_addresses(master)  # the form only: nothing is reached at definition time
         return master
+
+    @field_validator("storage_root")
+    @classmethod
+    def _absolute_root(cls, root: str | None) -> str | None:
+        if root is not None and not Path(root).is_absolute():
+            raise ValueError(f"storage_root {root!r} must be an absolute path, the same on "
+                             "every machine of the cluster")
+        return root
 
 
 class StreamDefinition(BaseModel):

@@ -24,11 +24,14 @@ from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import CdcflowError, FailedPrecondition
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.spark.pipeline import start_query
+from cdcflow.spark.preflight import check_storage_root
 from cdcflow.spark.queries import QueryControl, committed_micros, stop_between_batches
 from cdcflow.store.changelog import open_log
+from cdcflow.store.segments import segment_summary
 from cdcflow.streams.applier import Applier
 from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import Catalog, StreamRecord
+from cdcflow.streams.cluster import check_master_of, cluster_placement
 from cdcflow.streams.definition import EmbeddedSource
 from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, is_permanent
 from cdcflow.streams.lease import RunnerLease
@@ -77,8 +80,12 @@ class Runner:
     def __init__(self, catalog: str | Path, spark: Any, poll_seconds: float = 0.5,
                  max_retries: int = 3, backoff_seconds: float = 1.0,
                  max_backoff_seconds: float = 300.0, healthy_seconds: float = 60.0,
-                 clock: Clock = SYSTEM_CLOCK, lease_seconds: float = 15.0) -> None:
+                 clock: Clock = SYSTEM_CLOCK, lease_seconds: float = 15.0,
+                 master_given: bool = False) -> None:
+        """`master_given`: the session's master overrides every definition's."""
         self.catalog = Catalog(catalog, clock)
+        self.master = str(spark.sparkContext.master) if spark is not None else "local[*]"
+        self.master_given = master_given
         self.home = Path(catalog).resolve().parent
         self.spark = spark
         self.poll_seconds = poll_seconds
@@ -233,6 +240,10 @@ class Runner:
         worker = self.workers[name]
         try:
             worker.setup = None
+            check_master_of(record.definition, self.master, self.master_given)
+            placement = cluster_placement(record.definition, self.master)
+            if placement is not None:  # before anything is written
+                check_storage_root(self.spark, placement.storage_root)
             setup = self._setup(record, worker)
             for object_name in setup.keyless:
                 self.catalog.record_error(name, object_name, (
@@ -300,13 +311,15 @@ class Runner:
         worker.control = QueryControl(checkpoints / f"{definition.name}.control")
         worker.control.release()
         trigger = {"processingTime": f"{definition.spark.trigger_seconds} seconds"}
+        placement = cluster_placement(definition, self.master)
         worker.reporting = start_query(
             self.spark, setup.plan, log_path, change_stream,
             format_rfc3339(from_micros(int(status["cdc_start"]))),
             checkpoints / definition.name, trigger, definition.spark.max_records_per_trigger,
             lambda result: self._record_progress(definition.name, log_path, change_stream,
                                                  result, worker),
-            control=worker.control.path)
+            control=worker.control.path,
+            segment_root=placement.segment_root if placement is not None else None)
         return worker.reporting
 
     def _record_progress(self, name: str, log_path: str, change_stream: str,
@@ -329,6 +342,8 @@ class Runner:
         setup = worker.setup
         if setup is not None and setup.source.has_worker:
             extra["capture"] = self._capture_status(setup)
+        if setup is not None and (placed := cluster_placement(setup.definition, self.master)):
+            extra["segments"] = segment_summary(placed.segment_root)
         self.catalog.update_status(
             name, rows_processed=stats["rows_processed"], batches=stats["batches"],
             lag_seconds=lag, throughput_rows_per_second=rate, partitions=active,

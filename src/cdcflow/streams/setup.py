@@ -1,8 +1,9 @@
 """What a stream needs to run: its source, selected objects, tables and batch plan.
 
 Every object gets a CDC table: in the CDC-table destination's warehouse when there is one,
-otherwise under the catalog's `state/<stream>/` folder as the stream's own row state, because
-events carry the whole row (EV-5) and partial change records are folded onto the current row.
+otherwise under `state/<stream>/` beside the catalog (under `spark.storage_root` when set)
+as the stream's own row state, because events carry the whole row (EV-5) and partial change
+records are folded onto the current row.
 An object without a primary key has no table: its changes go to events as they are.
 """
 
@@ -58,7 +59,7 @@ def events_plan(definition: Definition) -> EventsPlan | None:
     if not found:
         return None
     first = found[0]
-    return EventsPlan(first.root, first.format,
+    return EventsPlan(str(Path(first.root).resolve()), first.format,
                       Rotation(first.max_events, first.max_bytes, first.max_seconds))
 
 
@@ -72,7 +73,8 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
     """A CDC table per keyed object, created if missing; object -> resolved root."""
     destination = cdc_destination(definition)
     if destination is None:
-        folder, staleness, retention = home / "state" / definition.name, None, 2 * 86_400.0
+        state = Path(definition.spark.storage_root or home) / "state"
+        folder, staleness, retention = state / definition.name, None, 2 * 86_400.0
     else:
         folder = Path(destination.warehouse)
         staleness, retention = (destination.max_staleness_seconds,
@@ -96,7 +98,8 @@ def prepare_stream(definition: Definition, home: Path) -> StreamSetup:
     tables = ensure_tables(definition, list(objects.values()), home)
     label = source.log_location()[0]
     plan = BatchPlan(definition.name, label, tuple(objects), tables,
-                     f"stream:{definition.name}", events_plan(definition))
+                     f"stream:{definition.name}", events_plan(definition),
+                     definition.spark.driver_batch_rows)
     keyless = tuple(sorted(o for o in objects if o not in tables)) \
         if cdc_destination(definition) is not None else ()
     return StreamSetup(definition, source, objects, tables, plan, keyless)

@@ -1,0 +1,139 @@
+"""A real Spark standalone cluster from the pip-installed pyspark, for tests and benchmarks:
+one master and N workers, each worker in its own mount namespace where the given paths are
+hidden (issue 15). Hiding needs `unshare` and the right to mount (root, as in the tests here).
+
+The wheel has no start-master.sh: the master and the workers run through `spark-class`. Each
+worker gets its own web UI port, work directory and local directory. A hidden path is covered
+with an empty tmpfs inside the worker's namespace, so neither the worker nor its executors
+(which inherit the namespace) can open anything under it; the virtualenv is bound back when
+it lies under a hidden path, so that executors still find Python and the dependencies, but
+not cdcflow's sources (an editable install points into the hidden tree).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+START_DEADLINE = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def spark_class() -> str:
+    found = Path(sys.executable).parent / "spark-class"
+    return str(found) if found.exists() else str(shutil.which("spark-class"))
+
+
+def _environment(home: Path, rest_port: int) -> dict[str, str]:
+    environment = dict(os.environ)
+    environment.update({
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_DIRS": str(home / "local"),
+        "SPARK_LOG_DIR": str(home / "logs"),
+        "SPARK_MASTER_OPTS": f"-Dspark.master.rest.port={rest_port}",
+        "PYSPARK_PYTHON": sys.executable,
+    })
+    environment.pop("SPARK_HOME", None)  # the pip layout's own home
+    return environment
+
+
+def _hiding_script(hidden: Sequence[Path], keep: Path, command: list[str]) -> str:
+    """A shell script for `unshare --mount`: tmpfs over each hidden path, `keep` (the
+    virtualenv) bound back where a hidden path covered it, then exec the command."""
+    lines = ["set -e", f"mkdir -p /run/cdcflow-keep && mount --bind {shlex.quote(str(keep))} "
+             "/run/cdcflow-keep"]
+    for path in hidden:
+        lines.append(f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(str(path))}")
+        if keep.is_relative_to(path):
+            lines.append(f"mkdir -p {shlex.quote(str(keep))} && mount --bind /run/cdcflow-keep "
+                         f"{shlex.quote(str(keep))}")
+    lines.append("exec " + shlex.join(command))
+    return "\n".join(lines)
+
+
+@dataclass
+class Cluster:
+    """A running standalone cluster; `url` is its master, `workers` its worker processes."""
+
+    home: Path
+    url: str = ""
+    web_port: int = 0
+    rest_port: int = 0
+    master: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def state(self) -> dict[str, object]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/json/", timeout=5) as r:
+            return dict(json.load(r))
+
+    def wait_for_workers(self, count: int, deadline: float) -> None:
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                state = self.state()
+                if state.get("status") == "ALIVE" and int(str(state["aliveworkers"])) >= count:
+                    return
+                last = state.get("aliveworkers")
+            except (OSError, ValueError) as error:  # not serving yet, or an empty answer
+                last = error
+            for process in [self.master, *self.workers]:
+                if process is not None and process.poll() is not None:
+                    raise RuntimeError(f"a cluster process ended: {process.args!r}; "
+                                       f"logs in {self.home}")
+            time.sleep(0.2)
+        raise TimeoutError(f"{count} workers did not register: last {last!r}; logs in {self.home}")
+
+    def stop(self) -> None:
+        for process in [*self.workers, self.master]:
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(30)
+
+
+@contextmanager
+def standalone_cluster(home: Path, workers: int = 2, hidden: Sequence[Path] = (),
+                       cores: int = 1) -> Iterator[Cluster]:
+    """Start a master and `workers` workers of `cores` cores; stop them all at the end."""
+    home.mkdir(parents=True, exist_ok=True)
+    port, web, rest = free_port(), free_port(), free_port()
+    environment = _environment(home, rest)
+    cluster = Cluster(home, f"spark://127.0.0.1:{port}", web, rest)
+    keep = Path(sys.prefix)
+    try:
+        with open(home / "master.out", "ab") as out:
+            cluster.master = subprocess.Popen(
+                [spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(port), "--webui-port", str(web)],
+                env=environment, stdout=out, stderr=subprocess.STDOUT, cwd=home)
+        for index in range(workers):
+            work = home / f"worker-{index}"
+            (work / "local").mkdir(parents=True, exist_ok=True)
+            command = [spark_class(), "org.apache.spark.deploy.worker.Worker", cluster.url,
+                       "--host", "127.0.0.1", "--cores", str(cores), "--memory", "1g",
+                       "--webui-port", str(free_port()), "--work-dir", str(work)]
+            script = _hiding_script([Path(p) for p in hidden], keep, command)
+            with open(home / f"worker-{index}.out", "ab") as out:
+                cluster.workers.append(subprocess.Popen(
+                    ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                    env=environment | {"SPARK_LOCAL_DIRS": str(work / "local")},
+                    stdout=out, stderr=subprocess.STDOUT, cwd=work))
+        cluster.wait_for_workers(workers, time.monotonic() + START_DEADLINE)
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,141 @@
+"""Sealed log segments: a partition's log entries in (after, until], as one immutable Arrow
+IPC file under a storage root that every executor reaches (issue 15).
+
+The SQLite log stays the hot tail and the source of truth, on the driver's machine. When the
+driver plans a batch for executors, it seals each slice of the batch into a segment; an
+executor reads the segment, never the log. A segment's name is its exact range,
+`<root>/<token>/<after>-<until>.arrow`, and it appears whole (written aside, then renamed; a
+single put on an object store), so a replayed batch finds it or seals it again, with the same
+content: the log's entries in a closed range never change. Sealed ranges are the manifest
+(`sealed_segments`). A reader deletes the segments a committed batch no longer needs
+(`drop_segments_until`). Storage roots are local or NFS paths, or URIs of pyarrow's
+filesystems (s3://, gs://, hdfs://...).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from urllib.parse import quote, unquote
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+
+from cdcflow.errors import FailedPrecondition, InvalidArgument
+
+SEGMENT_SCHEMA = pa.schema([("kind", pa.string()), ("commit_micros", pa.int64()),
+                            ("body", pa.string())])
+_SAFE_TOKEN = re.compile(r"[A-Za-z0-9_.-]+")
+_NAME = re.compile(r"(-?[0-9]+)-(-?[0-9]+)\.arrow")
+
+
+def storage(root: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and base path of a storage root: an absolute path, or a URI."""
+    if "://" in root:
+        try:
+            return pafs.FileSystem.from_uri(root)  # type: ignore[no-any-return]
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
+            raise InvalidArgument(f"storage root {root!r} is not a URI pyarrow reaches: "
+                                  f"{error}") from error
+    if not root.startswith("/"):
+        raise InvalidArgument(f"storage root {root!r} must be an absolute path or a URI, so "
+                              "that it names the same place on every machine")
+    return pafs.LocalFileSystem(), root.rstrip("/") or "/"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Where the segment of one partition's entries in (after, until] lives."""
+
+    root: str
+    token: str
+    after: int
+    until: int
+
+    def folder(self) -> str:
+        name = self.token if _SAFE_TOKEN.fullmatch(self.token) else quote(self.token, safe="")
+        return str(PurePosixPath(storage(self.root)[1]) / name)
+
+    def path(self) -> str:
+        return f"{self.folder()}/{self.after}-{self.until}.arrow"
+
+
+def seal(segment: Segment, entries: Iterator[tuple[str, int, str]]) -> int:
+    """Write the segment from (kind, commit micros, JSON body) entries unless it exists;
+    returns its size in bytes."""
+    filesystem, _ = storage(segment.root)
+    target = segment.path()
+    found = filesystem.get_file_info(target)
+    if found.type == pafs.FileType.File:
+        return int(found.size)
+    kinds, micros, bodies = [], [], []
+    for kind, stamp, body in entries:
+        kinds.append(kind)
+        micros.append(stamp)
+        bodies.append(body)
+    table = pa.table([kinds, micros, bodies], schema=SEGMENT_SCHEMA)
+    filesystem.create_dir(segment.folder(), recursive=True)
+    local = isinstance(filesystem, pafs.LocalFileSystem)
+    written = f"{segment.folder()}/.{uuid.uuid4().hex}.part" if local else target
+    with filesystem.open_output_stream(written) as out, ipc.new_file(out, SEGMENT_SCHEMA) as w:
+        w.write_table(table)
+    if local:
+        filesystem.move(written, target)
+    return int(filesystem.get_file_info(target).size)
+
+
+def read_segment(segment: Segment) -> pa.Table:
+    """A sealed segment's entries; FailedPrecondition naming it when it is not there."""
+    filesystem, _ = storage(segment.root)
+    try:
+        with filesystem.open_input_file(segment.path()) as source:
+            return ipc.open_file(source).read_all()
+    except FileNotFoundError as error:
+        raise FailedPrecondition(
+            f"log segment {segment.path()!r} is not in storage root {segment.root!r}: the "
+            "driver seals it before the batch's tasks run; is the root shared with this "
+            "executor, and is it one query's alone?") from error
+
+
+def sealed_segments(root: str) -> list[Segment]:
+    """Every sealed segment under a root, by token and range."""
+    filesystem, base = storage(root)
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    found = []
+    for info in filesystem.get_file_info(selector):
+        match = _NAME.fullmatch(info.base_name)
+        if info.type == pafs.FileType.File and match:
+            token = unquote(PurePosixPath(info.path).parent.name)
+            found.append(Segment(root, token, int(match[1]), int(match[2])))
+    return sorted(found, key=lambda s: (s.token, s.after))
+
+
+def drop_segments_until(root: str, micros: int) -> int:
+    """Delete the segments that end at or before `micros` (a committed batch's end: no
+    replay reads them again); returns how many went."""
+    filesystem, _ = storage(root)
+    gone = 0
+    for segment in sealed_segments(root):
+        if segment.until <= micros:
+            try:
+                filesystem.delete_file(segment.path())
+                gone += 1
+            except FileNotFoundError:
+                pass
+    return gone
+
+
+def segment_summary(root: str) -> dict[str, object]:
+    """What `streams status` says of a stream's segments: where, how many, how many bytes,
+    and the end of the newest (micros; None when there is none)."""
+    filesystem, base = storage(root)
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    files = [info for info in filesystem.get_file_info(selector)
+             if info.type == pafs.FileType.File and _NAME.fullmatch(info.base_name)]
+    ends = [int(_NAME.fullmatch(info.base_name)[2]) for info in files]  # type: ignore[index]
+    return {"root": root, "files": len(files), "bytes": sum(int(i.size) for i in files),
+            "sealed_through": max(ends, default=None)}

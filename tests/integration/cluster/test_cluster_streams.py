@@ -1,0 +1,185 @@
+"""Streams on a real standalone cluster (issue 15): 1 master and 2 workers of 1 core, each
+worker in a mount namespace where the driver's working tree, the catalog, the SQLite logs and
+the embedded database are hidden (an empty tmpfs over each). `cdcflow run` takes the master
+from the definitions. An embedded stream and a PostgreSQL stream, every batch sent to the
+executors (`driver_batch_rows: 0`), end equal to their sources (`cdcflow verify`) and to a
+`local[2]` run of the same changes; a job on the public API run by `spark-submit --master`
+reads the same changes on the executors as a local read. The runner checks the master's Spark
+version through its real REST server, and a stream whose storage root is not shared (under the
+hidden folder, so the executors see an empty tmpfs there) fails before its first batch, naming
+the root."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+import yaml
+
+from cdcflow import Database
+from cdcflow.localcluster import standalone_cluster
+from cdcflow.localdb import LocalPostgres
+from cdcflow.spark.master import REST_PORT_VARIABLE
+from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.states import StreamState
+from cdcflow.table import CdcTable
+from cdcflow.testing import WORKLOAD_DDL, run_mixed_writer
+from tests.integration.postgres.test_postgres_stream import cli
+from tests.integration.streams.test_runner import running, wait_for
+from tests.integration.streams.test_verify import cli_verify
+
+pytestmark = pytest.mark.integration
+REPOSITORY = Path(__file__).resolve().parents[3]
+PG_PASSWORD = "CDCFLOW_TEST_CLUSTER_PG_PASSWORD"
+
+
+def definitions(folder: Path, root: Path, db_path: str, pg: LocalPostgres,
+                spark: dict[str, Any], suffix: str = "") -> list[Path]:
+    """The embedded and the PostgreSQL stream, into CDC tables and events under `root`."""
+    out = []
+    for name, source in (
+            (f"lake{suffix}", {"database": db_path, "change_stream": "Everything"}),
+            (f"pg{suffix}", {"kind": "postgres", "dsn": pg.dsn(), "heartbeat_seconds": 1,
+                             "password_env": PG_PASSWORD})):
+        path = folder / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({
+            "name": name, "backfill": "all", "source": source,
+            "include": ["Accounts"] if not name.startswith("pg") else ["public.*"],
+            "destinations": [{"kind": "cdc_table", "warehouse": str(root / name / "warehouse")},
+                             {"kind": "event_files", "root": str(root / name / "events"),
+                              "format": "avro"}],
+            "spark": spark}))
+        out.append(path)
+    return out
+
+
+def pg_writes(pg: LocalPostgres, seed: int, rounds: int, create: bool = False) -> None:
+    conn = psycopg2.connect(pg.dsn(), password=pg.password)
+    conn.autocommit = True
+    with conn.cursor() as cursor:
+        if create:
+            cursor.execute("CREATE TABLE orders (id int PRIMARY KEY, note text, qty int)")
+        for i in range(rounds):
+            key = seed * 1000 + i
+            cursor.execute("INSERT INTO orders VALUES (%s, %s, %s)", (key, f"n{key}", i))
+            cursor.execute("UPDATE orders SET qty = qty + 1 WHERE id %% 7 = %s", (i % 7,))
+            if i % 5 == 0:
+                cursor.execute("DELETE FROM orders WHERE id = %s", (key - 3,))
+    conn.close()
+
+
+def rows_of(root: Path) -> list[dict[str, Any]]:
+    table = CdcTable.open(root)
+    return sorted(table.to_arrow().to_pylist(), key=lambda r: tuple(map(str, r.values())))
+
+
+def check_a_submitted_job(spark: Any, master: str, db_path: str, ending: str,
+                          segments: Path) -> None:
+    """`spark-submit --master` runs a job on the public API on the cluster: the same mods
+    per table as a local read of the same range."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", master,
+         str(Path(__file__).parent / "submitted_job.py"), db_path, "Everything",
+         str(segments), ending], capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr[-3000:]
+    submitted = json.loads(done.stdout.strip().splitlines()[-1])
+    local = (spark.read.format("cdcflow").option("database", db_path)
+             .option("stream", "Everything").option("startingTimestamp", "earliest")
+             .option("endingTimestamp", ending).load().groupBy("table_name").count().collect())
+    assert submitted["master"] == master
+    assert submitted["counts"] == {r["table_name"]: r["count"] for r in local}
+    assert submitted["counts"]["Accounts"] > 0 and list(segments.rglob("*.arrow"))
+
+
+def wait_running(catalog: Catalog, names: list[str], runner: subprocess.Popen[bytes],
+                 seconds: float = 400) -> None:
+    deadline = time.monotonic() + seconds
+    while any(catalog.get(n).state != StreamState.RUNNING for n in names):
+        states = {n: (catalog.get(n).state, catalog.errors(n)) for n in names}
+        assert runner.poll() is None, f"the runner ended: {states}"
+        assert time.monotonic() < deadline, f"not running: {states}"
+        assert not any(s == StreamState.FAILED_PERMANENTLY for s, _ in states.values()), states
+        time.sleep(0.5)
+
+
+def test_streams_on_a_cluster_equal_the_source_and_a_local_run(spark, tmp_path: Path):
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    private.mkdir()
+    pg = LocalPostgres.start()
+    os.environ[PG_PASSWORD] = pg.password
+    try:
+        db_path = str(private / "shop.db")
+        db = Database.open(db_path)
+        db.ddl(WORKLOAD_DDL)
+        db.ddl("CREATE CHANGE STREAM Everything FOR ALL")
+        run_mixed_writer(db_path, 7, 100)  # rows only the backfill delivers
+        pg_writes(pg, 1, 50, create=True)
+        with standalone_cluster(tmp_path / "cluster", 2, hidden=[private, REPOSITORY]) as c:
+            settings = {"master": c.url, "storage_root": str(shared), "trigger_seconds": 0.5,
+                        "driver_batch_rows": 0}
+            catalog_path = private / "catalog.db"
+            unshared = {**settings, "storage_root": str(private / "store")}
+            for path in [*definitions(private, shared, db_path, pg, settings),
+                         definitions(private, private / "store", db_path, pg, unshared,
+                                     "-unshared")[0]]:
+                cli(catalog_path, "create", str(path))
+                cli(catalog_path, "start", path.stem)
+            with open(private / "runner.out", "wb") as out:
+                runner = subprocess.Popen(
+                    [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
+                     str(catalog_path), "--json"], stdout=out, stderr=subprocess.STDOUT,
+                    cwd=private, env={**os.environ, REST_PORT_VARIABLE: str(c.rest_port)})
+            try:
+                catalog = Catalog(catalog_path)
+                wait_running(catalog, ["lake", "pg"], runner)
+                unshared_stream = catalog.get("lake-unshared")
+                assert unshared_stream.state == StreamState.FAILED_PERMANENTLY, unshared_stream
+                [error] = catalog.errors("lake-unshared")
+                assert f"storage root '{private / 'store'}' is not one folder shared by the " \
+                       f"driver and every executor ({socket.gethostname()}: can't read the " \
+                       "driver's probe file" in error["message"], error
+                assert not (private / "store" / "lake-unshared").exists()
+                run_mixed_writer(db_path, 3, 300)
+                pg_writes(pg, 2, 150)
+                for name in ("lake", "pg"):
+                    code, report = cli_verify(catalog_path, name)
+                    assert code == 0 and report["equal"], report
+                    assert all(o["rows"]["source"] > 0 for o in report["objects"]), report
+                    segments = list((shared / "segments" / name).rglob("*.arrow"))
+                    assert (shared / "segments" / name).is_dir(), "no batch went to executors"
+                    assert len(segments) <= 4, f"segments of committed batches: {segments}"
+                    said = catalog.status(name)["segments"]
+                    assert said["root"] == str(shared / "segments" / name), said
+            finally:
+                runner.send_signal(signal.SIGINT)
+                assert runner.wait(120) == 0, (private / "runner.out").read_text()[-3000:]
+            check_a_submitted_job(spark, c.url, db_path, db.current_timestamp().isoformat(),
+                                  shared / "submitted")
+        local = tmp_path / "local"
+        local.mkdir()
+        for path in definitions(local, local, db_path, pg, {"trigger_seconds": 0.3}, "-local"):
+            cli(local / "catalog.db", "create", str(path))
+            cli(local / "catalog.db", "start", path.stem)
+        with running(local / "catalog.db", spark):
+            for name in ("lake-local", "pg-local"):
+                wait_for(Catalog(local / "catalog.db"), name, StreamState.RUNNING)
+                code, report = cli_verify(local / "catalog.db", name)
+                assert code == 0 and report["equal"], report
+        for cluster_table, local_table in (("lake/warehouse/Accounts",
+                                            "lake-local/warehouse/Accounts"),
+                                           ("pg/warehouse/public.orders",
+                                            "pg-local/warehouse/public.orders")):
+            assert rows_of(shared / cluster_table) == rows_of(local / local_table)
+        db.close()
+    finally:
+        pg.stop()
