@@ -40,7 +40,7 @@ lint: $(VENV)/.installed
 	$(PY) -m mypy
 
 test: $(VENV)/.installed java servers lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 bench: $(VENV)/.installed
 	for script in bench/bench_*.py; do $(PY) $$script || exit 1; done

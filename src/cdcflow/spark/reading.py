@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -21,6 +21,9 @@ from cdcflow.store.database import Database
 from cdcflow.store.segments import Segment, read_segment, seal
 
 _BATCH_ROWS = 8_192
+SEGMENT_BYTES = 1 << 20
+"""About this many bytes of log entries per segment: a partition's slice of a batch is read by
+as many tasks as it has segments (clusters)."""
 _COMPACT = (",", ":")
 
 
@@ -79,20 +82,40 @@ def change_slices(options: SourceOptions, partitions: list[PartitionMetadata], a
     return out
 
 
-def seal_slices(pieces: Sequence[ChangeSlice]) -> int:
-    """Driver side: seal the segment of each slice that has a segment root (the log is on
-    this machine; see `cdcflow.store.segments`); returns the bytes the segments hold."""
-    sealed = 0
+def seal_slices(pieces: Sequence[ChangeSlice]) -> list[ChangeSlice]:
+    """Driver side: seal the segments of the slices that have a segment root (the log is on
+    this machine; see `cdcflow.store.segments`); the slices the tasks then read. A slice whose
+    entries hold more than SEGMENT_BYTES becomes several, each its own segment and task, cut
+    between commit timestamps: a transaction's records in a partition stay in one. The cuts
+    depend only on the log's entries, so a replayed batch seals the same segments."""
+    out = []
     for piece in pieces:
-        if piece.segment_root is not None:
-            log = open_log(piece.database)
-            sealed += seal(piece.segment(), log.read_log_texts(
-                piece.stream, piece.token, from_micros(piece.after),
-                from_micros(piece.read_until())))
-    return sealed
+        if piece.segment_root is None:
+            out.append(piece)
+            continue
+        entries = list(open_log(piece.database).read_log_texts(
+            piece.stream, piece.token, from_micros(piece.after), from_micros(piece.read_until())))
+        for part, chunk in _cut(piece, entries):
+            seal(part.segment(), iter(chunk))
+            out.append(part)
+    return out
 
 
-def _bodies(piece: ChangeSlice) -> Iterator[tuple[str, int, dict[str, Any]]]:
+def _cut(piece: ChangeSlice, entries: list[tuple[str, int, str]]
+         ) -> Iterator[tuple[ChangeSlice, list[tuple[str, int, str]]]]:
+    """The slice in parts of about SEGMENT_BYTES of bodies, each with its entries. Raw reads
+    stay whole: their heartbeat and child-partitions rows belong to the partition's end."""
+    start, size, after = 0, 0, piece.after
+    for index, (_, micros, body) in enumerate(entries):
+        size += len(body)
+        later = entries[index + 1][1] if index + 1 < len(entries) else None
+        if not piece.raw and size >= SEGMENT_BYTES and later is not None and later != micros:
+            yield replace(piece, after=after, until=micros), entries[start:index + 1]
+            start, size, after = index + 1, 0, micros
+    yield replace(piece, after=after), entries[start:]
+
+
+def slice_bodies(piece: ChangeSlice) -> Iterator[tuple[str, int, dict[str, Any]]]:
     if piece.segment_root is not None:
         table = read_segment(piece.segment())
         columns = [table.column(name).to_pylist() for name in ("kind", "commit_micros", "body")]
@@ -138,7 +161,7 @@ def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
         return
     schema = arrow_of(CHANGE_COLUMNS)
     rows: list[tuple[Any, ...]] = []
-    for kind, micros, record in _bodies(piece):
+    for kind, micros, record in slice_bodies(piece):
         if kind != "data":
             continue
         rows.extend(_mod_rows(record, micros, piece.token))
@@ -172,7 +195,7 @@ def _mod_rows(record: dict[str, Any], micros: int, token: str) -> Iterator[tuple
 
 def _read_raw(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     rows: list[tuple[str, str, Any, str]] = []
-    for kind, _, record in _bodies(piece):
+    for kind, _, record in slice_bodies(piece):
         if kind == "data":
             rows.append((piece.token, "data_change_record",
                          parse_timestamp(record["commit_timestamp"]), json.dumps(record)))

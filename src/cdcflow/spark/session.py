@@ -1,6 +1,7 @@
-"""A local SparkSession set up for cdcflow: workers use this interpreter, loopback only, and
-a quiet console unless `verbose`: the JVM's own output (its log at level ERROR, its startup
-warnings, anything an executor prints) goes to `log_path`, and there are no progress bars."""
+"""A SparkSession set up for cdcflow: workers use this interpreter, loopback only when the
+master is (see `on_loopback`), and a quiet console unless `verbose`: the JVM's own output (its
+log at level ERROR, its startup warnings, anything an executor prints) goes to `log_path`, and
+there are no progress bars."""
 
 from __future__ import annotations
 
@@ -90,7 +91,17 @@ def _link_spark_home(package: Path, cache: Path, home: Path) -> None:
         building.rmdir()
 
 
-def _settings(verbose: bool, conf: dict[str, str]) -> dict[str, str]:
+def on_loopback(master: str | None) -> bool:
+    """A local master, or a standalone one whose every address is this machine's loopback:
+    the driver then binds to 127.0.0.1 only. Executors on other machines must reach the
+    driver, so there Spark picks its address (or spark.driver.host, SPARK_LOCAL_IP)."""
+    if master is None:
+        return False  # spark-submit's master: its settings decide
+    return all(host in ("localhost", "::1") or host.startswith("127.")
+               for host, _ in standalone_addresses(master))
+
+
+def _settings(verbose: bool, conf: dict[str, str], loopback: bool) -> dict[str, str]:
     settings = {
         "spark.sql.shuffle.partitions": "4",
         # A batch's fold and writes run in the tasks after its shuffle by key; adaptive
@@ -98,9 +109,9 @@ def _settings(verbose: bool, conf: dict[str, str]) -> dict[str, str]:
         "spark.sql.adaptive.coalescePartitions.enabled": "false",
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.host": "127.0.0.1",
     }
+    if loopback:
+        settings |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
     if not verbose:
         settings["spark.ui.showConsoleProgress"] = "false"
     return settings | {key.replace("_", "."): value for key, value in conf.items()}
@@ -181,7 +192,9 @@ def session(app_name: str = "cdcflow", master: str | None = None, verbose: bool 
         check_master(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    loopback = on_loopback(master)
+    if loopback:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     home = _spark_home_without_python_zips()
     if home is not None:
         os.environ["SPARK_HOME"] = home
@@ -189,7 +202,7 @@ def session(app_name: str = "cdcflow", master: str | None = None, verbose: bool 
 
     from cdcflow.spark.source import ChangeStreamSource
 
-    settings = _settings(verbose, conf)
+    settings = _settings(verbose, conf, loopback)
     if master is not None and standalone_addresses(master):  # executors import this cdcflow
         shipped = [p for p in settings.get("spark.submit.pyFiles", "").split(",") if p]
         settings["spark.submit.pyFiles"] = ",".join([str(package_zip()), *shipped])

@@ -93,10 +93,10 @@ class ChangeStreamSource(DataSource):  # type: ignore[misc]
 def _slices(
     options: SourceOptions, partitions: list[PartitionMetadata], after: int, until: int
 ) -> list[SlicePartition]:
-    """One slice per partition whose span meets [after + 1, until]; with a segment root,
-    each slice is sealed there first, for executors that can't open the log."""
-    pieces = change_slices(options, partitions, after, until)
-    seal_slices(pieces)
+    """A slice per partition whose span meets [after + 1, until]; with a segment root, each
+    slice is sealed there first (in parts when large), for executors that can't open the
+    log."""
+    pieces = seal_slices(change_slices(options, partitions, after, until))
     return [SlicePartition(piece) for piece in pieces]
 
 

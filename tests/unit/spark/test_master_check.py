@@ -13,6 +13,7 @@ import pytest
 
 from cdcflow.errors import FailedPrecondition, InvalidArgument
 from cdcflow.spark.master import REST_PORT_VARIABLE, check_master, standalone_addresses
+from cdcflow.spark.session import on_loopback
 
 pytestmark = pytest.mark.unit
 
@@ -116,3 +117,12 @@ def test_a_bad_rest_port_setting_is_named(rest_answering, monkeypatch: pytest.Mo
     monkeypatch.setenv(REST_PORT_VARIABLE, "http")
     with pytest.raises(InvalidArgument, match=r"CDCFLOW_SPARK_REST_PORT='http' is not a port"):
         check_master(master)
+
+
+@pytest.mark.parametrize(("master", "loopback"), [
+    ("local[2]", True), ("spark://127.0.0.1:7077", True), ("spark://localhost:1,[::1]:2", True),
+    ("spark://10.0.0.5:7077", False), ("spark://127.0.0.1:1,10.0.0.5:2", False), (None, False)])
+def test_the_driver_binds_to_loopback_only_for_a_master_on_it(master: str | None,
+                                                                 loopback: bool):
+    """Executors on other machines must reach the driver (issue 15)."""
+    assert on_loopback(master) is loopback

@@ -1,0 +1,59 @@
+"""The driver seals a batch's slices for executors (issue 15): a large slice is cut into
+segments between commit timestamps, each its own task; the rows read from the segments are
+the rows read from the log; a second sealing (a replayed batch) makes the same segments."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cdcflow import Database
+from cdcflow.model.timestamps import to_micros
+from cdcflow.spark import reading
+from cdcflow.spark.options import parse_options
+from cdcflow.spark.reading import change_slices, read_changes, seal_slices
+from cdcflow.store.changelog import open_log
+
+pytestmark = pytest.mark.unit
+
+
+def rows(pieces: list[reading.ChangeSlice]) -> list[dict]:
+    return [row for piece in pieces for batch in read_changes(piece)
+            for row in pa.Table.from_batches([batch]).to_pylist()]
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_large_slice_is_sealed_in_parts_that_read_as_the_log(
+        db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw: bool):
+    db.ddl("CREATE TABLE T (K INT64 NOT NULL, V STRING(MAX)) PRIMARY KEY (K)")
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    start = to_micros(db.current_timestamp())
+    for number in range(30):
+        with db.transaction() as tx:
+            for key in range(number % 4 + 1):
+                tx.insert_or_update("T", {"K": number * 10 + key, "V": "x" * 50})
+    end = to_micros(db.current_timestamp())
+    flags = {"rawRecords": "true"} if raw else {}
+    local = parse_options({"database": db.path, "stream": "S", **flags})
+    shared = parse_options({"database": db.path, "stream": "S", **flags,
+                            "segmentRoot": str(tmp_path / "segments")})
+    partitions = open_log(db.path).partitions("S")
+    monkeypatch.setattr(reading, "SEGMENT_BYTES", 1000)
+    parts = seal_slices(change_slices(shared, partitions, start, end))
+    [whole] = change_slices(local, partitions, start, end)
+    if raw:
+        assert len(parts) == 1  # heartbeats and child records belong to the slice's end
+    else:
+        assert len(parts) > 5
+        assert [(p.after, p.until) for p in parts] == sorted((p.after, p.until) for p in parts)
+        assert parts[0].after == start and parts[-1].until == end
+        assert all(a.until == b.after for a, b in pairwise(parts))
+    assert rows(parts) == rows([whole]) and len(rows(parts)) >= 30
+    files = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.arrow"))
+    assert len(files) == len(parts)
+    again = seal_slices(change_slices(shared, partitions, start, end))
+    assert again == parts
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.arrow")) == files
