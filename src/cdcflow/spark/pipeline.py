@@ -28,6 +28,7 @@ from cdcflow.model.events import change_of_row, event_of_change
 from cdcflow.model.timestamps import to_micros
 from cdcflow.spark.driver_batch import DriverReader
 from cdcflow.spark.options import parse_options
+from cdcflow.spark.queries import remove_unfinished_writes
 from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
@@ -213,6 +214,7 @@ def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,
         if on_batch is not None:
             on_batch(result)
 
+    remove_unfinished_writes(checkpoint)  # a killed query's half-written log entries
     writer = (reader.load().writeStream.foreachBatch(batch)
               .option("checkpointLocation", str(checkpoint)))
     return writer.trigger(**trigger).start()

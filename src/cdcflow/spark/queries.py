@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -111,3 +112,23 @@ def committed_micros(query: Any) -> int | None:
     if not isinstance(end, dict) or "timestamp" not in end:
         return None
     return int(end["timestamp"])
+
+
+_UNFINISHED = re.compile(r"\.\.?[0-9]+\.[0-9a-f-]+\.tmp(\.crc)?")
+
+
+def remove_unfinished_writes(checkpoint: str | Path) -> list[str]:
+    """Delete the temporary files a killed query left in its checkpoint's offset and commit
+    logs; the names deleted. Spark writes each entry aside (`.<id>.<uuid>.tmp`) and renames
+    it, so such a file is an entry never logged. Spark 4 refuses to start a query whose
+    offset log holds any file before its first batch (STATE_STORE_CHECKPOINT_LOCATION_NOT_
+    EMPTY), so a SIGKILL while batch 0's offsets were written failed the stream for good.
+    Call it only while no query runs on the checkpoint."""
+    removed = []
+    for log in ("offsets", "commits"):
+        folder = Path(checkpoint) / log
+        for path in folder.iterdir() if folder.is_dir() else ():
+            if _UNFINISHED.fullmatch(path.name):
+                path.unlink(missing_ok=True)
+                removed.append(f"{log}/{path.name}")
+    return sorted(removed)

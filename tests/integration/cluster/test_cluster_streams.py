@@ -2,21 +2,27 @@
 worker in a mount namespace where the driver's working tree, the catalog, the SQLite logs and
 the embedded database are hidden (an empty tmpfs over each). `cdcflow run` takes the master
 from the definitions. An embedded stream and a PostgreSQL stream, every batch sent to the
-executors (`driver_batch_rows: 0`), end equal to their sources (`cdcflow verify`) and to a
-`local[2]` run of the same changes; a job on the public API run by `spark-submit --master`
+executors (`driver_batch_rows: 0`; the embedded one with partitions split and merged as it
+runs), end equal to their sources (`cdcflow verify`) and to a `local[2]` run of the same
+changes; a job on the public API run by `spark-submit --master`
 reads the same changes on the executors as a local read. The runner checks the master's Spark
 version through its real REST server, and a stream whose storage root is not shared (under the
 hidden folder, so the executors see an empty tmpfs there) fails before its first batch, naming
-the root."""
+the root. The runner is SIGKILLed with its JVM at a random moment of the writes and started
+again, as a user would: the results are still exactly the sources (the fault campaign's
+kinds, on one machine, are issue 14's)."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,10 +35,11 @@ from cdcflow import Database
 from cdcflow.localcluster import standalone_cluster
 from cdcflow.localdb import LocalPostgres
 from cdcflow.spark.master import REST_PORT_VARIABLE
+from cdcflow.store.changelog import open_log
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.states import StreamState
 from cdcflow.table import CdcTable
-from cdcflow.testing import WORKLOAD_DDL, run_mixed_writer
+from cdcflow.testing import WORKLOAD_DDL, run_mixed_writer, run_partition_churn
 from tests.integration.postgres.test_postgres_stream import cli
 from tests.integration.streams.test_runner import running, wait_for
 from tests.integration.streams.test_verify import cli_verify
@@ -112,6 +119,63 @@ def wait_running(catalog: Catalog, names: list[str], runner: subprocess.Popen[by
         time.sleep(0.5)
 
 
+def start_runner(catalog_path: Path, rest_port: int, log: Path) -> subprocess.Popen[bytes]:
+    """`cdcflow run` as a user starts it, the master taken from the definitions; a group of
+    its own, so that a SIGKILL takes its JVM and capture workers too."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog", str(catalog_path),
+             "--json", "--lease-seconds", "3"], stdout=out, stderr=subprocess.STDOUT,
+            cwd=catalog_path.parent, start_new_session=True,
+            env={**os.environ, REST_PORT_VARIABLE: str(rest_port)})
+
+
+def create_streams(catalog_path: Path, definitions: list[Path]) -> None:
+    for path in definitions:
+        cli(catalog_path, "create", str(path))
+        cli(catalog_path, "start", path.stem)
+
+
+def check_unshared_root_refused(catalog: Catalog, root: Path) -> None:
+    stream = catalog.get("lake-unshared")
+    assert stream.state == StreamState.FAILED_PERMANENTLY, stream
+    [error] = catalog.errors("lake-unshared")
+    assert f"storage root '{root}' is not one folder shared by the driver and every executor " \
+           f"({socket.gethostname()}: can't read the driver's probe file" in error["message"]
+    assert not (root / "lake-unshared").exists()
+
+
+def write_with_churn_and_a_kill(db_path: str, pg: LocalPostgres,
+                                runner: subprocess.Popen[bytes]) -> None:
+    """The writers, partitions split and merged meanwhile, and the runner SIGKILLed with its
+    JVM at a random moment of it."""
+    churn = multiprocessing.get_context("spawn").Process(
+        target=run_partition_churn, args=(db_path, "Everything", 4.0, 5))
+    churn.start()
+    moment = random.uniform(0.5, 4.0)
+    killer = threading.Timer(moment, os.killpg, (runner.pid, signal.SIGKILL))
+    killer.start()
+    run_mixed_writer(db_path, 3, 300)
+    pg_writes(pg, 2, 150)
+    killer.join()
+    assert runner.wait(60) == -signal.SIGKILL, f"killed {moment:.2f} s in"
+    churn.join(60)
+    assert churn.exitcode == 0
+    assert len(open_log(db_path).partitions("Everything")) > 1
+
+
+def check_equal_to_sources(catalog: Catalog, catalog_path: Path, shared: Path) -> None:
+    for name in ("lake", "pg"):
+        code, report = cli_verify(catalog_path, name)
+        assert code == 0 and report["equal"], report
+        assert all(o["rows"]["source"] > 0 for o in report["objects"]), report
+        segments = list((shared / "segments" / name).rglob("*.arrow"))
+        assert (shared / "segments" / name).is_dir(), "no batch went to executors"
+        assert len(segments) <= 12, f"segments of committed batches: {segments}"
+        said = catalog.status(name)["segments"]
+        assert said["root"] == str(shared / "segments" / name), said
+
+
 def test_streams_on_a_cluster_equal_the_source_and_a_local_run(spark, tmp_path: Path):
     private, shared = tmp_path / "private", tmp_path / "shared"
     private.mkdir()
@@ -129,57 +193,41 @@ def test_streams_on_a_cluster_equal_the_source_and_a_local_run(spark, tmp_path: 
                         "driver_batch_rows": 0}
             catalog_path = private / "catalog.db"
             unshared = {**settings, "storage_root": str(private / "store")}
-            for path in [*definitions(private, shared, db_path, pg, settings),
-                         definitions(private, private / "store", db_path, pg, unshared,
-                                     "-unshared")[0]]:
-                cli(catalog_path, "create", str(path))
-                cli(catalog_path, "start", path.stem)
-            with open(private / "runner.out", "wb") as out:
-                runner = subprocess.Popen(
-                    [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-                     str(catalog_path), "--json"], stdout=out, stderr=subprocess.STDOUT,
-                    cwd=private, env={**os.environ, REST_PORT_VARIABLE: str(c.rest_port)})
+            create_streams(catalog_path, [
+                *definitions(private, shared, db_path, pg, settings),
+                definitions(private, private / "store", db_path, pg, unshared, "-unshared")[0]])
+            catalog = Catalog(catalog_path)
+            runner = start_runner(catalog_path, c.rest_port, private / "runner.out")
             try:
-                catalog = Catalog(catalog_path)
                 wait_running(catalog, ["lake", "pg"], runner)
-                unshared_stream = catalog.get("lake-unshared")
-                assert unshared_stream.state == StreamState.FAILED_PERMANENTLY, unshared_stream
-                [error] = catalog.errors("lake-unshared")
-                assert f"storage root '{private / 'store'}' is not one folder shared by the " \
-                       f"driver and every executor ({socket.gethostname()}: can't read the " \
-                       "driver's probe file" in error["message"], error
-                assert not (private / "store" / "lake-unshared").exists()
-                run_mixed_writer(db_path, 3, 300)
-                pg_writes(pg, 2, 150)
-                for name in ("lake", "pg"):
-                    code, report = cli_verify(catalog_path, name)
-                    assert code == 0 and report["equal"], report
-                    assert all(o["rows"]["source"] > 0 for o in report["objects"]), report
-                    segments = list((shared / "segments" / name).rglob("*.arrow"))
-                    assert (shared / "segments" / name).is_dir(), "no batch went to executors"
-                    assert len(segments) <= 4, f"segments of committed batches: {segments}"
-                    said = catalog.status(name)["segments"]
-                    assert said["root"] == str(shared / "segments" / name), said
+                check_unshared_root_refused(catalog, private / "store")
+                write_with_churn_and_a_kill(db_path, pg, runner)
+                runner = start_runner(catalog_path, c.rest_port, private / "runner.out")
+                check_equal_to_sources(catalog, catalog_path, shared)
             finally:
-                runner.send_signal(signal.SIGINT)
+                os.killpg(runner.pid, signal.SIGINT)
                 assert runner.wait(120) == 0, (private / "runner.out").read_text()[-3000:]
             check_a_submitted_job(spark, c.url, db_path, db.current_timestamp().isoformat(),
                                   shared / "submitted")
-        local = tmp_path / "local"
-        local.mkdir()
-        for path in definitions(local, local, db_path, pg, {"trigger_seconds": 0.3}, "-local"):
-            cli(local / "catalog.db", "create", str(path))
-            cli(local / "catalog.db", "start", path.stem)
-        with running(local / "catalog.db", spark):
-            for name in ("lake-local", "pg-local"):
-                wait_for(Catalog(local / "catalog.db"), name, StreamState.RUNNING)
-                code, report = cli_verify(local / "catalog.db", name)
-                assert code == 0 and report["equal"], report
-        for cluster_table, local_table in (("lake/warehouse/Accounts",
-                                            "lake-local/warehouse/Accounts"),
-                                           ("pg/warehouse/public.orders",
-                                            "pg-local/warehouse/public.orders")):
-            assert rows_of(shared / cluster_table) == rows_of(local / local_table)
+        check_a_local_run(spark, tmp_path / "local", shared, db_path, pg)
         db.close()
     finally:
         pg.stop()
+
+
+def check_a_local_run(spark: Any, local: Path, shared: Path, db_path: str,
+                      pg: LocalPostgres) -> None:
+    """The same changes through local[2] give the same CDC tables as the cluster."""
+    local.mkdir()
+    create_streams(local / "catalog.db", definitions(local, local, db_path, pg,
+                                                     {"trigger_seconds": 0.3}, "-local"))
+    with running(local / "catalog.db", spark):
+        for name in ("lake-local", "pg-local"):
+            wait_for(Catalog(local / "catalog.db"), name, StreamState.RUNNING)
+            code, report = cli_verify(local / "catalog.db", name)
+            assert code == 0 and report["equal"], report
+    for cluster_table, local_table in (("lake/warehouse/Accounts",
+                                        "lake-local/warehouse/Accounts"),
+                                       ("pg/warehouse/public.orders",
+                                        "pg-local/warehouse/public.orders")):
+        assert rows_of(shared / cluster_table) == rows_of(local / local_table)
