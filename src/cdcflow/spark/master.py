@@ -49,18 +49,25 @@ def rest_port() -> int:
     return int(text)
 
 
+def server_version(host: str, timeout: float) -> str | None:
+    """The Spark version the master's REST server at `host` says it runs; None when no REST
+    server answers there, or its answer does not say."""
+    name = f"[{host}]" if ":" in host else host
+    url = f"http://{name}:{rest_port()}/v1/submissions/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            said = json.load(answer)
+    except (OSError, ValueError):
+        return None
+    found = said.get("serverSparkVersion") if isinstance(said, dict) else None
+    return str(found) if found else None
+
+
 def check_version(master: str, host: str, timeout: float) -> None:
     """Raise FailedPrecondition when the master's REST server says it runs another Spark
     (major.minor) than this pyspark: the application would wait a minute for a master that
     can't read it. No REST server there: no verdict."""
-    name = f"[{host}]" if ":" in host else host
-    url = f"http://{name}:{rest_port()}/v1/submissions/readyz"
-    try:
-        with urllib.request.urlopen(url,
-                                    timeout=timeout) as answer:
-            server = str(json.load(answer).get("serverSparkVersion", ""))
-    except (OSError, ValueError):
-        return
+    server = server_version(host, timeout)
     client = version("pyspark")
     if server and server.split(".")[:2] != client.split(".")[:2]:
         raise FailedPrecondition(

@@ -87,32 +87,34 @@ def seal_slices(pieces: Sequence[ChangeSlice]) -> list[ChangeSlice]:
     this machine; see `cdcflow.store.segments`); the slices the tasks then read. A slice whose
     entries hold more than SEGMENT_BYTES becomes several, each its own segment and task, cut
     between commit timestamps: a transaction's records in a partition stay in one. The cuts
-    depend only on the log's entries, so a replayed batch seals the same segments."""
+    depend only on the log's entries, so a replayed batch seals the same segments; the
+    entries are read as a stream, about one segment's worth in memory at a time."""
     out = []
     for piece in pieces:
         if piece.segment_root is None:
             out.append(piece)
             continue
-        entries = list(open_log(piece.database).read_log_texts(
-            piece.stream, piece.token, from_micros(piece.after), from_micros(piece.read_until())))
+        entries = open_log(piece.database).read_log_texts(
+            piece.stream, piece.token, from_micros(piece.after), from_micros(piece.read_until()))
         for part, chunk in _cut(piece, entries):
-            seal(part.segment(), iter(chunk))
+            seal(part.segment(), chunk)
             out.append(part)
     return out
 
 
-def _cut(piece: ChangeSlice, entries: list[tuple[str, int, str]]
+def _cut(piece: ChangeSlice, entries: Iterator[tuple[str, int, str]]
          ) -> Iterator[tuple[ChangeSlice, list[tuple[str, int, str]]]]:
     """The slice in parts of about SEGMENT_BYTES of bodies, each with its entries. Raw reads
     stay whole: their heartbeat and child-partitions rows belong to the partition's end."""
-    start, size, after = 0, 0, piece.after
-    for index, (_, micros, body) in enumerate(entries):
-        size += len(body)
-        later = entries[index + 1][1] if index + 1 < len(entries) else None
-        if not piece.raw and size >= SEGMENT_BYTES and later is not None and later != micros:
-            yield replace(piece, after=after, until=micros), entries[start:index + 1]
-            start, size, after = index + 1, 0, micros
-    yield replace(piece, after=after), entries[start:]
+    chunk: list[tuple[str, int, str]] = []
+    size, after = 0, piece.after
+    for entry in entries:
+        if chunk and size >= SEGMENT_BYTES and entry[1] != chunk[-1][1] and not piece.raw:
+            yield replace(piece, after=after, until=chunk[-1][1]), chunk
+            chunk, size, after = [], 0, chunk[-1][1]
+        chunk.append(entry)
+        size += len(entry[2])
+    yield replace(piece, after=after), chunk
 
 
 def slice_bodies(piece: ChangeSlice) -> Iterator[tuple[str, int, dict[str, Any]]]:

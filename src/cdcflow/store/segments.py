@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from urllib.parse import quote, unquote
@@ -31,6 +31,13 @@ SEGMENT_SCHEMA = pa.schema([("kind", pa.string()), ("commit_micros", pa.int64())
                             ("body", pa.string())])
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9_.-]+")
 _NAME = re.compile(r"(-?[0-9]+)-(-?[0-9]+)\.arrow")
+_USER_INFO = re.compile(r"(://)[^/@]*@")
+
+
+def shown(root: str) -> str:
+    """A storage root as messages and status show it: without the user and password a URI
+    may carry (s3://KEY:SECRET@bucket/...)."""
+    return _USER_INFO.sub(r"\1", root)
 
 
 def storage(root: str) -> tuple[pafs.FileSystem, str]:
@@ -39,8 +46,8 @@ def storage(root: str) -> tuple[pafs.FileSystem, str]:
         try:
             return pafs.FileSystem.from_uri(root)  # type: ignore[no-any-return]
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
-            raise InvalidArgument(f"storage root {root!r} is not a URI pyarrow reaches: "
-                                  f"{error}") from error
+            raise InvalidArgument(f"storage root {shown(root)!r} is not a URI pyarrow "
+                                  f"reaches: {shown(str(error))}") from None
     if not root.startswith("/"):
         raise InvalidArgument(f"storage root {root!r} must be an absolute path or a URI, so "
                               "that it names the same place on every machine")
@@ -64,41 +71,49 @@ class Segment:
         return f"{self.folder()}/{self.after}-{self.until}.arrow"
 
 
-def seal(segment: Segment, entries: Iterator[tuple[str, int, str]]) -> int:
-    """Write the segment from (kind, commit micros, JSON body) entries unless it exists;
-    returns its size in bytes."""
+def _intact(filesystem: pafs.FileSystem, path: str) -> bool:
+    """The file at `path` is a whole segment: its Arrow IPC footer reads."""
+    try:
+        with filesystem.open_input_file(path) as source:
+            return bool(ipc.open_file(source).schema.equals(SEGMENT_SCHEMA))
+    except (FileNotFoundError, pa.ArrowInvalid, OSError):
+        return False
+
+
+def seal(segment: Segment, entries: Sequence[tuple[str, int, str]]) -> int:
+    """Write the segment from (kind, commit micros, JSON body) entries unless a whole one is
+    there; returns its size in bytes. It is written aside and moved into place (on object
+    stores a move is a server-side copy: the object appears whole)."""
     filesystem, _ = storage(segment.root)
     target = segment.path()
-    found = filesystem.get_file_info(target)
-    if found.type == pafs.FileType.File:
-        return int(found.size)
-    kinds, micros, bodies = [], [], []
-    for kind, stamp, body in entries:
-        kinds.append(kind)
-        micros.append(stamp)
-        bodies.append(body)
-    table = pa.table([kinds, micros, bodies], schema=SEGMENT_SCHEMA)
+    if _intact(filesystem, target):
+        return int(filesystem.get_file_info(target).size)
+    columns = [list(column) for column in zip(*entries, strict=True)] or [[], [], []]
+    table = pa.table(columns, schema=SEGMENT_SCHEMA)
     filesystem.create_dir(segment.folder(), recursive=True)
-    local = isinstance(filesystem, pafs.LocalFileSystem)
-    written = f"{segment.folder()}/.{uuid.uuid4().hex}.part" if local else target
+    written = f"{segment.folder()}/.{uuid.uuid4().hex}.part"
     with filesystem.open_output_stream(written) as out, ipc.new_file(out, SEGMENT_SCHEMA) as w:
         w.write_table(table)
-    if local:
-        filesystem.move(written, target)
+    filesystem.move(written, target)
     return int(filesystem.get_file_info(target).size)
 
 
 def read_segment(segment: Segment) -> pa.Table:
-    """A sealed segment's entries; FailedPrecondition naming it when it is not there."""
+    """A sealed segment's entries; FailedPrecondition naming it when it is not there or not
+    whole."""
     filesystem, _ = storage(segment.root)
     try:
         with filesystem.open_input_file(segment.path()) as source:
             return ipc.open_file(source).read_all()
     except FileNotFoundError as error:
         raise FailedPrecondition(
-            f"log segment {segment.path()!r} is not in storage root {segment.root!r}: the "
-            "driver seals it before the batch's tasks run; is the root shared with this "
-            "executor, and is it one query's alone?") from error
+            f"log segment {shown(segment.path())!r} is not in storage root "
+            f"{shown(segment.root)!r}: the driver seals it before the batch's tasks run; is "
+            "the root shared with this executor, and is it one query's alone?") from error
+    except (pa.ArrowInvalid, OSError) as error:
+        raise FailedPrecondition(
+            f"log segment {shown(segment.path())!r} can't be read as a segment ({error}): "
+            "the batch seals it again when it is replayed") from error
 
 
 def sealed_segments(root: str) -> list[Segment]:
@@ -137,5 +152,5 @@ def segment_summary(root: str) -> dict[str, object]:
     files = [info for info in filesystem.get_file_info(selector)
              if info.type == pafs.FileType.File and _NAME.fullmatch(info.base_name)]
     ends = [int(_NAME.fullmatch(info.base_name)[2]) for info in files]  # type: ignore[index]
-    return {"root": root, "files": len(files), "bytes": sum(int(i.size) for i in files),
+    return {"root": shown(root), "files": len(files), "bytes": sum(int(i.size) for i in files),
             "sealed_through": max(ends, default=None)}

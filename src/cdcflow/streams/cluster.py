@@ -9,6 +9,8 @@ before the stream's first batch, with an error that names what is wrong.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,14 +40,17 @@ def check_master_of(definition: Definition, master: str, master_given: bool) -> 
 
 
 def destination_paths(definition: Definition) -> list[str]:
-    """Every folder executors write for the stream: its warehouse and its event files."""
-    return [str(Path(d.warehouse if isinstance(d, CdcTableDestination) else d.root).resolve())
+    """Every folder executors write for the stream: its warehouse and its event files, made
+    absolute on the driver (symbolic links kept: a mount point may be one)."""
+    return [os.path.abspath(d.warehouse if isinstance(d, CdcTableDestination) else d.root)
             for d in definition.destinations]
 
 
-def cluster_placement(definition: Definition, master: str) -> ClusterPlacement | None:
+def cluster_placement(definition: Definition, master: str, home: Path
+                      ) -> ClusterPlacement | None:
     """None on a local master; else the stream's shared folders, after checking that it has a
-    storage root and that every destination lies under it."""
+    storage root and that every destination lies under it. The segments' folder is named by
+    the stream and its catalog's folder (`home`): queries never share one."""
     if not standalone_addresses(master):
         return None
     root = definition.spark.storage_root
@@ -54,26 +59,30 @@ def cluster_placement(definition: Definition, master: str) -> ClusterPlacement |
             f"stream {definition.name!r} runs on Spark master {master!r}, whose executors "
             "can't open this machine's files: set spark.storage_root to a folder every "
             "machine mounts at the same path, and put the destinations under it")
-    shared = Path(root).resolve()
+    shared = Path(os.path.abspath(root))
     outside = [path for path in destination_paths(definition)
-               if not Path(path).resolve().is_relative_to(shared)]
+               if not Path(path).is_relative_to(shared)]
     if outside:
         raise FailedPrecondition(
             f"stream {definition.name!r}: {outside} are not under spark.storage_root "
             f"{root!r}, so executors on other machines can't write them")
-    return ClusterPlacement(str(shared), str(shared / "segments" / definition.name))
+    catalog = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:10]
+    return ClusterPlacement(str(shared), str(shared / "segments" /
+                                             f"{definition.name}-{catalog}"))
 
 
 def master_of_streams(definitions: list[Definition]) -> str:
     """The master a runner without --master uses: the cluster the definitions name (local[*]
-    when none names one); InvalidArgument when they name more than one."""
+    when none names one); InvalidArgument, naming them, when they name more than one master
+    (local ones count as one: local masters differ only in their thread counts)."""
     named: dict[str, list[str]] = {}
     for definition in definitions:
-        if standalone_addresses(definition.spark.master):
-            named.setdefault(definition.spark.master, []).append(definition.name)
+        master = definition.spark.master
+        key = master if standalone_addresses(master) else "local"
+        named.setdefault(key, []).append(definition.name)
     if len(named) > 1:
         listed = "; ".join(f"{master}: {', '.join(names)}" for master, names in named.items())
         raise InvalidArgument(
-            f"the catalog's streams name different Spark clusters ({listed}): one runner has "
+            f"the catalog's streams name different Spark masters ({listed}): one runner has "
             "one session; give --master, or keep those streams in separate catalogs")
-    return next(iter(named), "local[*]")
+    return next((master for master in named if master != "local"), "local[*]")

@@ -241,7 +241,7 @@ class Runner:
         try:
             worker.setup = None
             check_master_of(record.definition, self.master, self.master_given)
-            placement = cluster_placement(record.definition, self.master)
+            placement = cluster_placement(record.definition, self.master, self.home)
             if placement is not None:  # before anything is written
                 check_storage_root(self.spark, placement.storage_root)
             setup = self._setup(record, worker)
@@ -311,7 +311,8 @@ class Runner:
         worker.control = QueryControl(checkpoints / f"{definition.name}.control")
         worker.control.release()
         trigger = {"processingTime": f"{definition.spark.trigger_seconds} seconds"}
-        placement = cluster_placement(definition, self.master)
+        placement = cluster_placement(definition, self.master, self.home)
+        worker.stats["segment_root"] = placement.segment_root if placement else None
         worker.reporting = start_query(
             self.spark, setup.plan, log_path, change_stream,
             format_rfc3339(from_micros(int(status["cdc_start"]))),
@@ -342,8 +343,8 @@ class Runner:
         setup = worker.setup
         if setup is not None and setup.source.has_worker:
             extra["capture"] = self._capture_status(setup)
-        if setup is not None and (placed := cluster_placement(setup.definition, self.master)):
-            extra["segments"] = segment_summary(placed.segment_root)
+        if worker.stats.get("segment_root"):
+            extra["segments"] = segment_summary(worker.stats["segment_root"])
         self.catalog.update_status(
             name, rows_processed=stats["rows_processed"], batches=stats["batches"],
             lag_seconds=lag, throughput_rows_per_second=rate, partitions=active,

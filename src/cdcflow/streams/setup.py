@@ -9,6 +9,7 @@ An object without a primary key has no table: its changes go to events as they a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -59,7 +60,7 @@ def events_plan(definition: Definition) -> EventsPlan | None:
     if not found:
         return None
     first = found[0]
-    return EventsPlan(str(Path(first.root).resolve()), first.format,
+    return EventsPlan(os.path.abspath(first.root), first.format,
                       Rotation(first.max_events, first.max_bytes, first.max_seconds))
 
 

@@ -126,3 +126,7 @@ def test_the_driver_binds_to_loopback_only_for_a_master_on_it(master: str | None
                                                                  loopback: bool):
     """Executors on other machines must reach the driver (issue 15)."""
     assert on_loopback(master) is loopback
+
+
+def test_a_rest_answer_that_is_not_an_object_gives_no_verdict(rest_answering):
+    check_master(rest_answering(b'["3.5.1"]'))

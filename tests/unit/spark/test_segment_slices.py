@@ -29,19 +29,21 @@ def rows(pieces: list[reading.ChangeSlice]) -> list[dict]:
 def test_a_large_slice_is_sealed_in_parts_that_read_as_the_log(
         db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw: bool):
     db.ddl("CREATE TABLE T (K INT64 NOT NULL, V STRING(MAX)) PRIMARY KEY (K)")
+    db.ddl("CREATE TABLE U (K INT64 NOT NULL, V STRING(MAX)) PRIMARY KEY (K)")
     db.ddl("CREATE CHANGE STREAM S FOR ALL")
     start = to_micros(db.current_timestamp())
-    for number in range(30):
+    for number in range(30):  # two tables: a transaction is several entries of one timestamp
         with db.transaction() as tx:
             for key in range(number % 4 + 1):
                 tx.insert_or_update("T", {"K": number * 10 + key, "V": "x" * 50})
+                tx.insert_or_update("U", {"K": number * 10 + key, "V": "y" * 50})
     end = to_micros(db.current_timestamp())
     flags = {"rawRecords": "true"} if raw else {}
     local = parse_options({"database": db.path, "stream": "S", **flags})
     shared = parse_options({"database": db.path, "stream": "S", **flags,
                             "segmentRoot": str(tmp_path / "segments")})
     partitions = open_log(db.path).partitions("S")
-    monkeypatch.setattr(reading, "SEGMENT_BYTES", 1000)
+    monkeypatch.setattr(reading, "SEGMENT_BYTES", 500)  # less than an entry
     parts = seal_slices(change_slices(shared, partitions, start, end))
     [whole] = change_slices(local, partitions, start, end)
     if raw:
@@ -51,9 +53,40 @@ def test_a_large_slice_is_sealed_in_parts_that_read_as_the_log(
         assert [(p.after, p.until) for p in parts] == sorted((p.after, p.until) for p in parts)
         assert parts[0].after == start and parts[-1].until == end
         assert all(a.until == b.after for a, b in pairwise(parts))
+        stamps = [{r["commit_timestamp"] for r in rows([p])} for p in parts]
+        assert all(not (a & b) for a, b in pairwise(stamps)), "a transaction was cut"
     assert rows(parts) == rows([whole]) and len(rows(parts)) >= 30
     files = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.arrow"))
     assert len(files) == len(parts)
     again = seal_slices(change_slices(shared, partitions, start, end))
     assert again == parts
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.arrow")) == files
+
+
+def test_a_committed_batch_drops_its_segments_and_not_the_next_ones(db: Database,
+                                                                    tmp_path: Path):
+    """Spark calls commit(end of batch N - 1) as batch N runs: N's segments must stay."""
+    from cdcflow.spark.source import ChangeStreamReader
+
+    db.ddl("CREATE TABLE T (K INT64 NOT NULL) PRIMARY KEY (K)")
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    stamps = [to_micros(db.current_timestamp())]
+    for batch in range(2):
+        for key in range(3):
+            with db.transaction() as tx:
+                tx.insert("T", {"K": batch * 10 + key})
+        stamps.append(to_micros(db.current_timestamp()))
+    root = tmp_path / "segments"
+    reader = ChangeStreamReader(parse_options({"database": db.path, "stream": "S",
+                                               "segmentRoot": str(root)}), open_log(db.path))
+    offsets = [reader._offset_at(stamp).to_dict() for stamp in stamps]
+    first = reader.partitions(offsets[0], offsets[1])
+    second = reader.partitions(offsets[1], offsets[2])
+    assert len(list(root.rglob("*.arrow"))) == 2
+    reader.commit(offsets[1])
+    assert [p.name for p in root.rglob("*.arrow")] == [f"{stamps[1]}-{stamps[2]}.arrow"]
+    assert sum(len(list(reader.read(p))) for p in second) == 1
+    assert [row["keys"] for p in second for b in reader.read(p)
+            for row in pa.Table.from_batches([b]).to_pylist()] == ['{"K":10}', '{"K":11}',
+                                                                   '{"K":12}']
+    assert first and all(p.piece.until <= stamps[1] for p in first)

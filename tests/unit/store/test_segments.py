@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pyarrow.fs import LocalFileSystem
 
 from cdcflow import Database
 from cdcflow.errors import FailedPrecondition, InvalidArgument
@@ -20,6 +21,7 @@ from cdcflow.store.segments import (
     seal,
     sealed_segments,
     segment_summary,
+    shown,
     storage,
 )
 
@@ -55,18 +57,32 @@ def test_sealing_again_keeps_the_first_file(db: Database, tmp_path: Path):
     """A replayed batch seals the same range again: the file there is kept as it is."""
     token, start, end = logged(db, 3)
     segment = Segment(str(tmp_path), token, start, end)
-    seal(segment, iter([("data", start + 1, "{}")]))
+    seal(segment, [("data", start + 1, "{}")])
     before = Path(segment.path()).read_bytes()
-    seal(segment, iter([("data", start + 2, "[1]"), ("data", start + 3, "[2]")]))
+    seal(segment, [("data", start + 2, "[1]"), ("data", start + 3, "[2]")])
     assert Path(segment.path()).read_bytes() == before
     assert read_segment(segment).num_rows == 1
+
+
+def test_a_damaged_segment_is_named_and_sealed_again(tmp_path: Path):
+    """A segment cut short (a crash on a filesystem without atomic writes) is an error naming
+    it on read, and the next sealing (the replayed batch) writes it whole again."""
+    segment = Segment(str(tmp_path), "P1-x", 5, 9)
+    seal(segment, [("data", 7, "{}"), ("data", 9, "[]")])
+    whole = Path(segment.path()).read_bytes()
+    Path(segment.path()).write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(FailedPrecondition, match=r"log segment '.*P1-x/5-9\.arrow' can't be "
+                       r"read as a segment"):
+        read_segment(segment)
+    seal(segment, [("data", 7, "{}"), ("data", 9, "[]")])
+    assert read_segment(segment).column("commit_micros").to_pylist() == [7, 9]
 
 
 def test_segments_are_listed_and_dropped_up_to_a_committed_end(tmp_path: Path):
     root = str(tmp_path)
     for token, after, until in (("P1-a", 0, 10), ("P1-a", 10, 20), ("P2-b", 5, 20),
                                 ("P3 odd/token", 0, 30)):
-        seal(Segment(root, token, after, until), iter([("data", until, "{}")]))
+        seal(Segment(root, token, after, until), [("data", until, "{}")])
     assert [(s.token, s.after, s.until) for s in sealed_segments(root)] == [
         ("P1-a", 0, 10), ("P1-a", 10, 20), ("P2-b", 5, 20), ("P3 odd/token", 0, 30)]
     summary = segment_summary(root)
@@ -93,4 +109,17 @@ def test_a_storage_root_must_be_absolute_or_a_known_uri(root: str):
 
 def test_a_file_uri_is_a_storage_root(tmp_path: Path):
     filesystem, base = storage(f"file://{tmp_path}")
-    assert base == str(tmp_path) and filesystem.get_file_info(base).is_file is False
+    assert isinstance(filesystem, LocalFileSystem) and base == str(tmp_path)
+    segment = Segment(f"file://{tmp_path}", "P1-u", 0, 1)
+    seal(segment, [("data", 1, "{}")])
+    assert (tmp_path / "P1-u" / "0-1.arrow").is_file()
+
+
+def test_credentials_in_a_root_are_never_shown(tmp_path: Path):
+    root = "s3://AKIAKEY:s3cr3t@bucket/lake"
+    assert shown(root) == "s3://bucket/lake"
+    assert shown(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(InvalidArgument) as raised:
+        storage("nosuch://AKIAKEY:s3cr3t@bucket/lake")
+    assert "s3cr3t" not in str(raised.value) and "AKIAKEY" not in str(raised.value)
+    assert "nosuch://bucket/lake" in str(raised.value)
