@@ -116,8 +116,8 @@ def read_segment(segment: Segment) -> pa.Table:
             "the batch seals it again when it is replayed") from error
 
 
-def sealed_segments(root: str) -> list[Segment]:
-    """Every sealed segment under a root, by token and range."""
+def _segment_files(root: str) -> list[tuple[Segment, int]]:
+    """Every sealed segment under a root, with its size in bytes."""
     filesystem, base = storage(root)
     selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
     found = []
@@ -125,8 +125,13 @@ def sealed_segments(root: str) -> list[Segment]:
         match = _NAME.fullmatch(info.base_name)
         if info.type == pafs.FileType.File and match:
             token = unquote(PurePosixPath(info.path).parent.name)
-            found.append(Segment(root, token, int(match[1]), int(match[2])))
-    return sorted(found, key=lambda s: (s.token, s.after))
+            found.append((Segment(root, token, int(match[1]), int(match[2])), int(info.size)))
+    return found
+
+
+def sealed_segments(root: str) -> list[Segment]:
+    """Every sealed segment under a root, by token and range."""
+    return sorted((s for s, _ in _segment_files(root)), key=lambda s: (s.token, s.after))
 
 
 def drop_segments_until(root: str, micros: int) -> int:
@@ -147,10 +152,6 @@ def drop_segments_until(root: str, micros: int) -> int:
 def segment_summary(root: str) -> dict[str, object]:
     """What `streams status` says of a stream's segments: where, how many, how many bytes,
     and the end of the newest (micros; None when there is none)."""
-    filesystem, base = storage(root)
-    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-    files = [info for info in filesystem.get_file_info(selector)
-             if info.type == pafs.FileType.File and _NAME.fullmatch(info.base_name)]
-    ends = [int(_NAME.fullmatch(info.base_name)[2]) for info in files]  # type: ignore[index]
-    return {"root": shown(root), "files": len(files), "bytes": sum(int(i.size) for i in files),
-            "sealed_through": max(ends, default=None)}
+    files = _segment_files(root)
+    return {"root": shown(root), "files": len(files), "bytes": sum(size for _, size in files),
+            "sealed_through": max((s.until for s, _ in files), default=None)}
