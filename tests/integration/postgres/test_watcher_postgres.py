@@ -178,6 +178,58 @@ def test_the_watcher_misses_nothing_under_late_commits_deletes_and_a_kill(
     source.close()
 
 
+def test_a_row_written_back_after_a_later_stamped_delete_is_not_deleted_again(
+        pg: LocalPostgres, watched: str):
+    """CW-1 with a deletes table: a transaction that started first (so its rows carry the
+    earlier time) writes a key back after a later-started one deleted it, once by INSERT and
+    once by UPDATE of a re-inserted row. The row's time is below the delete's, yet it is the
+    last word: replaying a poll in its order leaves the rows as the table has them."""
+    target = PostgresTarget(PostgresTargetConfig(pg.dsn(), "CDCFLOW_TEST_PG_PASSWORD"))
+    table = WatchedTable(TABLE, STAMP, SHARD, tuple(SHARDS["in"]), deletes_table=DELETES)
+    target.objects((table,))
+    conn = connect(pg)
+    with conn.cursor() as cur:
+        upsert(cur, 7001, "before")
+        upsert(cur, 7002, "before")
+    cursor = target.start_cursor(wait_past_now(target, conn))
+    early = connect(pg)
+    early.autocommit = False
+    with early.cursor() as held, conn.cursor() as cur:
+        held.execute("SELECT now()")  # the early transaction takes its time here
+        delete(cur, 7001)
+        delete(cur, 7002)
+        upsert(cur, 7002, "re-inserted")
+        upsert(held, 7001, "written back")
+        upsert(held, 7002, "updated back")
+    early.commit()
+    rows = {7001: "before", 7002: "before"}
+    for polled in target.poll(table, cursor, wait_past_now(target, conn), 100).rows:
+        key = int(json.loads(polled.key)[0])
+        if polled.deleted:
+            rows.pop(key, None)
+        else:
+            rows[key] = polled.row[FIRST]
+    assert rows == {7001: "written back", 7002: "updated back"}
+    with conn.cursor() as cur:
+        for key in (7001, 7002):
+            delete(cur, key)
+    early.close()
+    conn.close()
+    target.close()
+
+
+def wait_past_now(target: PostgresTarget, conn: Any) -> int:
+    """A horizon past the server's clock as of this call (polling: the margin must pass)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+        now = cur.fetchone()[0]
+    deadline = time.monotonic() + 30
+    while (horizon := target.horizon()) < now:
+        assert time.monotonic() < deadline, "the horizon did not pass the server's clock"
+        time.sleep(0.05)
+    return horizon
+
+
 def test_the_horizon_stays_below_an_open_transaction(pg: LocalPostgres, watched: str):
     """The rule: no row can still commit below the oldest running xact_start."""
     target = PostgresTarget(PostgresTargetConfig(pg.dsn(), "CDCFLOW_TEST_PG_PASSWORD"))

@@ -10,6 +10,10 @@ sessions of this database that can write), capped at the server clock minus a sm
 (a transaction takes its start time a moment before it shows there). Seeing other sessions'
 `xact_start` needs `pg_read_all_stats`. While a prepared transaction waits, its start time is
 unknown, so the horizon holds where it was.
+
+Deletes come from a trigger-fed table, polled by the same horizon and merged in time order;
+a delete that a row written back with an earlier time overrides is left out
+(`_written_back`).
 """
 
 from __future__ import annotations
@@ -203,7 +207,8 @@ class PostgresTarget:
                                tuple(c for c in item.columns if c.key_position))
         stamp, order = sql.Identifier("deleted_at"), sql.Identifier("_cdcflow_id")
         keys = [*(sql.Identifier(k) for k in item.primary_key), order]
-        where = sql.SQL("{} <= %s AND ({}, {}) > (%s, %s)").format(stamp, stamp, order)
+        where = sql.SQL("{} <= %s AND ({}, {}) > (%s, %s) AND NOT {}").format(
+            stamp, stamp, order, _written_back(table, item.primary_key))
         found = self._select(deleted, where, [from_micros(up_to), from_micros(cursor[0]),
                                               cursor[1]], [stamp, order], keys, stamp, limit)
         return [(Polled(int(micros or 0), json.dumps(key[:-1]), row, deleted=True),
@@ -272,3 +277,21 @@ class PostgresTarget:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _written_back(table: WatchedTable, primary_key: tuple[str, ...]) -> sql.Composable:
+    """True for a delete whose key the table holds again with an earlier time (or none).
+
+    In one snapshot a live row and a committed delete of its key mean the row was written
+    after the delete. Its time can still be earlier: the stamp is the writing transaction's
+    start, and that transaction may have started before the deleting one. Polled in time
+    order, the delete would then come last and erase the row, so it is left out: the row's
+    own version is the key's last word (several changes between polls arrive as the last)."""
+    deletes, live = qualified(str(table.deletes_table)), sql.Identifier("_cdcflow_live")
+    same_key = sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = {}.{}").format(live, sql.Identifier(k), deletes, sql.Identifier(k))
+        for k in primary_key)
+    stamp = sql.SQL("{}.{}").format(live, sql.Identifier(table.commit_timestamp_column))
+    return sql.SQL("EXISTS (SELECT 1 FROM {} AS {} WHERE {} AND ({} IS NULL OR {} < {}.{}))"
+                   ).format(qualified(table.name), live, same_key, stamp, stamp, deletes,
+                            sql.Identifier("deleted_at"))
