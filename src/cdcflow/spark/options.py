@@ -22,7 +22,8 @@ KNOWN = {
     "numpartitions": "key-hash ranges of a table snapshot",
     "controlpath": "a control file holding the query (see cdcflow.spark.queries)",
     "segmentroot": "a storage root every executor reaches: the driver seals each slice of "
-                   "the log there and executors read that, never the log (clusters)",
+                   "the log (or of a table snapshot) there and executors read that, never "
+                   "the log or the database (clusters)",
 }
 
 
@@ -77,9 +78,6 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     segment_root = options.get("segmentroot")
     if segment_root is not None:
         storage(segment_root)  # an absolute path or a URI pyarrow reaches
-        if "table" in options:
-            raise InvalidArgument("option segmentRoot is for change streams: table snapshots "
-                                  "read the database file on executors")
     assert heartbeat is not None and partitions is not None
     return SourceOptions(
         database=database,

@@ -18,7 +18,14 @@ from cdcflow.spark.options import SourceOptions
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, arrow_of, table_columns
 from cdcflow.store.changelog import open_log
 from cdcflow.store.database import Database
-from cdcflow.store.segments import Segment, read_segment, seal
+from cdcflow.store.segments import (
+    Segment,
+    SnapshotFile,
+    read_segment,
+    read_snapshot_file,
+    seal,
+    seal_snapshot,
+)
 
 _BATCH_ROWS = 8_192
 SEGMENT_BYTES = 1 << 20
@@ -64,6 +71,13 @@ class SnapshotSlice:
     read_micros: int
     hash_start: int
     hash_end: int
+    segment_root: str | None = None
+    """Set: executors read the slice's rows from a file the driver wrote under this root."""
+
+    def place(self) -> SnapshotFile:
+        assert self.segment_root is not None
+        return SnapshotFile(self.segment_root, self.table, self.read_micros, self.hash_start,
+                            self.hash_end)
 
 
 def change_slices(options: SourceOptions, partitions: list[PartitionMetadata], after: int,
@@ -216,20 +230,44 @@ def _read_raw(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     )
 
 
+def seal_snapshot_slices(pieces: Sequence[SnapshotSlice]) -> None:
+    """Driver side: write the rows of each slice that has a segment root under it, for
+    executors that can't open the database (a replanned read finds them written)."""
+    for piece in pieces:
+        if piece.segment_root is not None:
+            arrow, batches = _snapshot_rows(piece)
+            seal_snapshot(piece.place(), pa.Table.from_batches(list(batches), schema=arrow))
+
+
 def read_snapshot(piece: SnapshotSlice) -> Iterator[pa.RecordBatch]:
-    """Typed rows of a table snapshot slice."""
+    """Typed rows of a table snapshot slice: from the database, or from the file the driver
+    wrote under the slice's segment root."""
+    if piece.segment_root is not None:
+        yield from read_snapshot_file(piece.place()).to_batches(max_chunksize=_BATCH_ROWS)
+        return
+    yield from _snapshot_rows(piece)[1]
+
+
+def _snapshot_rows(piece: SnapshotSlice) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The Arrow schema of the slice's table, and its rows read from the database."""
     database = Database.open(piece.database, create=False)
     schema = database.table_schema(piece.table)
     columns = table_columns(schema)
     rows = database.scan(piece.table, from_micros(piece.read_micros),
                          (piece.hash_start, piece.hash_end))
     arrow = pa.schema([(name, kind) for name, _, kind in columns])
+    return arrow, _snapshot_batches(rows, columns, schema.columns, arrow)
+
+
+def _snapshot_batches(rows: list[dict[str, Any]], columns: list[tuple[str, str, Any]],
+                      types: Sequence[Any], arrow: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Rows (dicts of Python values) as record batches of `arrow`; JSON as sorted text."""
     for offset in range(0, max(len(rows), 1), _BATCH_ROWS):
         chunk = rows[offset:offset + _BATCH_ROWS]
         if not chunk:
             return
         arrays = []
-        for (name, _, kind), column in zip(columns, schema.columns, strict=True):
+        for (name, _, kind), column in zip(columns, types, strict=True):
             values = [r[name] for r in chunk]
             if column.type.code == "JSON":
                 values = [None if v is None else json.dumps(v, sort_keys=True) for v in values]

@@ -39,6 +39,7 @@ from cdcflow.spark.reading import (
     read_changes,
     read_snapshot,
     seal_slices,
+    seal_snapshot_slices,
 )
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, ddl_of, table_columns
 from cdcflow.store.changelog import LogReader, open_log
@@ -161,11 +162,11 @@ class SnapshotReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> Sequence[InputPartition]:
         count = self.options.num_partitions
         bounds = [KEY_HASH_SPACE * i // count for i in range(count + 1)]
-        return [
-            SlicePartition(SnapshotSlice(self.options.database, str(self.options.table),
-                                         self.read_micros, bounds[i], bounds[i + 1]))
-            for i in range(count)
-        ]
+        pieces = [SnapshotSlice(self.options.database, str(self.options.table),
+                                self.read_micros, bounds[i], bounds[i + 1],
+                                self.options.segment_root) for i in range(count)]
+        seal_snapshot_slices(pieces)
+        return [SlicePartition(piece) for piece in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SlicePartition)

@@ -71,11 +71,12 @@ class Segment:
         return f"{self.folder()}/{self.after}-{self.until}.arrow"
 
 
-def _intact(filesystem: pafs.FileSystem, path: str) -> bool:
-    """The file at `path` is a whole segment: its Arrow IPC footer reads."""
+def _intact(filesystem: pafs.FileSystem, path: str, schema: pa.Schema = SEGMENT_SCHEMA
+            ) -> bool:
+    """The file at `path` is a whole file of `schema`: its Arrow IPC footer reads."""
     try:
         with filesystem.open_input_file(path) as source:
-            return bool(ipc.open_file(source).schema.equals(SEGMENT_SCHEMA))
+            return bool(ipc.open_file(source).schema.equals(schema))
     except (FileNotFoundError, pa.ArrowInvalid, OSError):
         return False
 
@@ -89,31 +90,78 @@ def seal(segment: Segment, entries: Sequence[tuple[str, int, str]]) -> int:
     if _intact(filesystem, target):
         return int(filesystem.get_file_info(target).size)
     columns = [list(column) for column in zip(*entries, strict=True)] or [[], [], []]
-    table = pa.table(columns, schema=SEGMENT_SCHEMA)
-    filesystem.create_dir(segment.folder(), recursive=True)
-    written = f"{segment.folder()}/.{uuid.uuid4().hex}.part"
-    with filesystem.open_output_stream(written) as out, ipc.new_file(out, SEGMENT_SCHEMA) as w:
+    _write_aside(filesystem, segment.folder(), target, pa.table(columns, schema=SEGMENT_SCHEMA))
+    return int(filesystem.get_file_info(target).size)
+
+
+def _write_aside(filesystem: pafs.FileSystem, folder: str, target: str,
+                 table: pa.Table) -> None:
+    """`table` as an Arrow IPC file at `target`, written aside in `folder` and moved there."""
+    filesystem.create_dir(folder, recursive=True)
+    written = f"{folder}/.{uuid.uuid4().hex}.part"
+    with filesystem.open_output_stream(written) as out, ipc.new_file(out, table.schema) as w:
         w.write_table(table)
     filesystem.move(written, target)
-    return int(filesystem.get_file_info(target).size)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFile:
+    """Where the rows of `table` as of `read_micros` whose key hash is in [hash_start,
+    hash_end) live, for executors that can't open the database: a table snapshot read with a
+    storage root. Named apart from log segments (`.snapshot.arrow`), which commits drop."""
+
+    root: str
+    table: str
+    read_micros: int
+    hash_start: int
+    hash_end: int
+
+    def folder(self) -> str:
+        name = quote(f"{self.table}@{self.read_micros}", safe="@")
+        return str(PurePosixPath(storage(self.root)[1]) / "snapshots" / name)
+
+    def path(self) -> str:
+        return f"{self.folder()}/{self.hash_start}-{self.hash_end}.snapshot.arrow"
+
+
+def seal_snapshot(place: SnapshotFile, table: pa.Table) -> None:
+    """Write a snapshot slice's rows unless a whole file with their schema is there: the
+    same snapshot always holds the same rows."""
+    filesystem, _ = storage(place.root)
+    if not _intact(filesystem, place.path(), table.schema):
+        _write_aside(filesystem, place.folder(), place.path(), table)
+
+
+def read_snapshot_file(place: SnapshotFile) -> pa.Table:
+    """A sealed snapshot slice; FailedPrecondition naming it when it is missing or damaged."""
+    return _read_sealed(place.root, place.path(), "snapshot file",
+                        "the driver writes it before the read's tasks run; is the root "
+                        "shared with this executor?", "read the snapshot again")
 
 
 def read_segment(segment: Segment) -> pa.Table:
     """A sealed segment's entries; FailedPrecondition naming it when it is not there or not
     whole."""
-    filesystem, _ = storage(segment.root)
+    return _read_sealed(segment.root, segment.path(), "log segment",
+                        "the driver seals it before the batch's tasks run; is the root "
+                        "shared with this executor, and is it one query's alone?",
+                        "the batch seals it again when it is replayed")
+
+
+def _read_sealed(root: str, path: str, what: str, when_missing: str,
+                 when_damaged: str) -> pa.Table:
+    """The Arrow IPC file at `path` under `root`; FailedPrecondition naming it, with
+    `when_missing` or `when_damaged`, when it is not there or does not read whole."""
+    filesystem, _ = storage(root)
     try:
-        with filesystem.open_input_file(segment.path()) as source:
+        with filesystem.open_input_file(path) as source:
             return ipc.open_file(source).read_all()
     except FileNotFoundError as error:
-        raise FailedPrecondition(
-            f"log segment {shown(segment.path())!r} is not in storage root "
-            f"{shown(segment.root)!r}: the driver seals it before the batch's tasks run; is "
-            "the root shared with this executor, and is it one query's alone?") from error
+        raise FailedPrecondition(f"{what} {shown(path)!r} is not in storage root "
+                                 f"{shown(root)!r}: {when_missing}") from error
     except (pa.ArrowInvalid, OSError) as error:
-        raise FailedPrecondition(
-            f"log segment {shown(segment.path())!r} can't be read as a segment ({error}): "
-            "the batch seals it again when it is replayed") from error
+        raise FailedPrecondition(f"{what} {shown(path)!r} can't be read ({error}): "
+                                 f"{when_damaged}") from error
 
 
 def _segment_files(root: str) -> list[tuple[Segment, int]]:

@@ -1,6 +1,7 @@
 """A job on the public Spark API, run by `spark-submit --master spark://...` (issue 15):
 `cdcflow.spark.session()` keeps spark-submit's master, and a batch read of a change stream
-with `segmentRoot` runs on the executors. Prints the mods per table as JSON.
+and one of a table snapshot (Accounts as of ENDING), both with `segmentRoot`, run on the
+executors. Prints the mods per table and the snapshot's rows, sorted, as JSON.
 
 Usage: spark-submit --master URL submitted_job.py DATABASE STREAM SEGMENT_ROOT ENDING
 """
@@ -20,8 +21,13 @@ def main() -> None:
               .option("stream", stream).option("segmentRoot", segments)
               .option("startingTimestamp", "earliest").option("endingTimestamp", ending)
               .load().groupBy("table_name").count().collect())
+    accounts = (spark.read.format("cdcflow").option("database", database)
+                .option("table", "Accounts").option("readTimestamp", ending)
+                .option("segmentRoot", segments).load().collect())
     print(json.dumps({"master": spark.sparkContext.master,
-                      "counts": {row["table_name"]: row["count"] for row in counts}}))
+                      "counts": {row["table_name"]: row["count"] for row in counts},
+                      "accounts": sorted(json.dumps(row.asDict(), sort_keys=True)
+                                         for row in accounts)}))
     spark.stop()
 
 

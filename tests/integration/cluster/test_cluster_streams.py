@@ -92,7 +92,7 @@ def rows_of(root: Path) -> list[dict[str, Any]]:
 def check_a_submitted_job(spark: Any, master: str, db_path: str, ending: str,
                           segments: Path) -> None:
     """`spark-submit --master` runs a job on the public API on the cluster: the same mods
-    per table as a local read of the same range."""
+    per table as a local read of the same range, and the same table snapshot."""
     done = subprocess.run(
         [str(Path(sys.executable).parent / "spark-submit"), "--master", master,
          str(Path(__file__).parent / "submitted_job.py"), db_path, "Everything",
@@ -106,6 +106,11 @@ def check_a_submitted_job(spark: Any, master: str, db_path: str, ending: str,
     assert submitted["master"] == master
     assert submitted["counts"] == {r["table_name"]: r["count"] for r in local}
     assert submitted["counts"]["Accounts"] > 0 and list(segments.rglob("*.arrow"))
+    snapshot = (spark.read.format("cdcflow").option("database", db_path)
+                .option("table", "Accounts").option("readTimestamp", ending).load().collect())
+    assert submitted["accounts"] == sorted(json.dumps(row.asDict(), sort_keys=True)
+                                          for row in snapshot)
+    assert submitted["accounts"] and list(segments.rglob("*.snapshot.arrow"))
 
 
 def wait_running(catalog: Catalog, names: list[str], runner: subprocess.Popen[bytes],
@@ -137,8 +142,12 @@ def create_streams(catalog_path: Path, definitions: list[Path]) -> None:
 
 
 def check_unshared_root_refused(catalog: Catalog, root: Path) -> None:
-    stream = catalog.get("lake-unshared")
-    assert stream.state == StreamState.FAILED_PERMANENTLY, stream
+    """The runner may reach this stream after the others run: wait for its verdict."""
+    deadline = time.monotonic() + 180
+    while (stream := catalog.get("lake-unshared")).state != StreamState.FAILED_PERMANENTLY:
+        assert stream.state != StreamState.RUNNING, stream  # FAILED comes first, briefly
+        assert time.monotonic() < deadline, f"never refused: {stream}"
+        time.sleep(0.5)
     [error] = catalog.errors("lake-unshared")
     assert f"storage root '{root}' is not one folder shared by the driver and every executor " \
            f"({socket.gethostname()}: can't read the driver's probe file" in error["message"]

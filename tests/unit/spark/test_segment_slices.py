@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from cdcflow import Database
+from cdcflow.errors import FailedPrecondition
 from cdcflow.model.timestamps import to_micros
 from cdcflow.spark import reading
 from cdcflow.spark.options import parse_options
@@ -90,3 +91,47 @@ def test_a_committed_batch_drops_its_segments_and_not_the_next_ones(db: Database
             for row in pa.Table.from_batches([b]).to_pylist()] == ['{"K":10}', '{"K":11}',
                                                                    '{"K":12}']
     assert first and all(p.piece.until <= stamps[1] for p in first)
+
+
+def test_a_table_snapshot_read_with_a_segment_root_needs_no_database_on_executors(
+        db: Database, tmp_path: Path):
+    """Issue 15: the driver writes each key-hash slice of a snapshot under the root; the
+    tasks read those files, the same rows as from the database, even once the database is
+    out of their reach. Planning again reuses the files; a damaged one is named."""
+    from cdcflow.spark.source import SnapshotReader
+
+    db.ddl("CREATE TABLE T (K INT64 NOT NULL, V STRING(MAX), J JSON) PRIMARY KEY (K)")
+    with db.transaction() as tx:
+        for key in range(300):
+            tx.insert("T", {"K": key, "V": f"v{key}", "J": {"b": key, "a": [key]}})
+    when = db.current_timestamp()
+    with db.transaction() as tx:
+        tx.delete("T", {"K": 0})  # after the snapshot: still read
+    stamp = when.isoformat()
+    local = SnapshotReader(parse_options({"database": db.path, "table": "T",
+                                          "readTimestamp": stamp}), db)
+    root = tmp_path / "shared"
+    shared = SnapshotReader(parse_options({"database": db.path, "table": "T",
+                                           "readTimestamp": stamp,
+                                           "segmentRoot": str(root)}), db)
+    expected = [r for p in local.partitions() for b in local.read(p)
+                for r in pa.Table.from_batches([b]).to_pylist()]
+    pieces = shared.partitions()
+    files = sorted(root.rglob("*.snapshot.arrow"))
+    assert len(files) == 4 and len(expected) == 300
+    written = sealed_once(files)
+    again = [p.piece for p in shared.partitions()]
+    assert again == [p.piece for p in pieces] and sealed_once(files) == written  # found, kept
+    db.close()
+    moved = tmp_path / "elsewhere.db"
+    Path(db.path).rename(moved)  # executors can't open the database
+    got = [r for p in pieces for b in shared.read(p)
+           for r in pa.Table.from_batches([b]).to_pylist()]
+    assert got == expected
+    files[1].write_bytes(b"not arrow")
+    with pytest.raises(FailedPrecondition, match=r"snapshot file .* can't be read"):
+        list(shared.read(pieces[1]))
+
+
+def sealed_once(files: list[Path]) -> list[tuple[str, int]]:
+    return [(f.name, f.stat().st_mtime_ns) for f in files]

@@ -40,5 +40,5 @@ def test_the_segment_root_option(tmp_path: Path):
     assert options.segment_root == str(tmp_path)
     with pytest.raises(InvalidArgument, match="storage root 'segs' must be an absolute path"):
         parse_options({"database": "x.db", "stream": "S", "segmentRoot": "segs"})
-    with pytest.raises(InvalidArgument, match="segmentRoot is for change streams"):
-        parse_options({"database": "x.db", "table": "T", "segmentRoot": str(tmp_path)})
+    table = parse_options({"database": "x.db", "table": "T", "segmentRoot": str(tmp_path)})
+    assert table.segment_root == str(tmp_path)

@@ -72,7 +72,7 @@ def test_a_damaged_segment_is_named_and_sealed_again(tmp_path: Path):
     whole = Path(segment.path()).read_bytes()
     Path(segment.path()).write_bytes(whole[: len(whole) // 2])
     with pytest.raises(FailedPrecondition, match=r"log segment '.*P1-x/5-9\.arrow' can't be "
-                       r"read as a segment"):
+                       r"read \(.*\): the batch seals it again"):
         read_segment(segment)
     seal(segment, [("data", 7, "{}"), ("data", 9, "[]")])
     assert read_segment(segment).column("commit_micros").to_pylist() == [7, 9]
