@@ -44,7 +44,7 @@ from cdcflow.spark.reading import (
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, ddl_of, table_columns
 from cdcflow.store.changelog import LogReader, open_log
 from cdcflow.store.database import Database
-from cdcflow.store.segments import drop_segments_until
+from cdcflow.store.segments import drop_segments_until, sweep_unfinished
 
 _IDLE_SLEEP_MAX = 0.5
 
@@ -188,6 +188,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self.target: int | None = None
         self.last: StreamOffset | None = None
         self.idle = 0
+        if options.segment_root is not None:  # the query starts: nothing seals there yet
+            sweep_unfinished(options.segment_root)
 
     def _offset_at(self, micros: int) -> StreamOffset:
         return StreamOffset(micros, frontier_at(self._live(micros), micros))

@@ -31,6 +31,7 @@ SEGMENT_SCHEMA = pa.schema([("kind", pa.string()), ("commit_micros", pa.int64())
                             ("body", pa.string())])
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9_.-]+")
 _NAME = re.compile(r"(-?[0-9]+)-(-?[0-9]+)\.arrow")
+_UNFINISHED = re.compile(r"\.[0-9a-f]{32}\.part")
 _USER_INFO = re.compile(r"(://)[^/@]*@")
 
 
@@ -194,6 +195,22 @@ def drop_segments_until(root: str, micros: int) -> int:
                 gone += 1
             except FileNotFoundError:
                 pass
+    return gone
+
+
+def sweep_unfinished(root: str) -> int:
+    """Delete the log segments a killed driver left half written (`.part` files beside the
+    segments; snapshot files are a batch read's, left alone); returns how many went. Call
+    it only where no seal of the root can be running: as its one query starts."""
+    filesystem, base = storage(root)
+    snapshots = f"{base}/snapshots/"
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    gone = 0
+    for info in filesystem.get_file_info(selector):
+        if (info.type == pafs.FileType.File and _UNFINISHED.fullmatch(info.base_name)
+                and not info.path.startswith(snapshots)):
+            filesystem.delete_file(info.path)
+            gone += 1
     return gone
 
 

@@ -66,7 +66,8 @@ def test_a_large_slice_is_sealed_in_parts_that_read_as_the_log(
 
 def test_a_committed_batch_drops_its_segments_and_not_the_next_ones(db: Database,
                                                                     tmp_path: Path):
-    """Spark calls commit(end of batch N - 1) as batch N runs: N's segments must stay."""
+    """Spark calls commit(end of batch N - 1) as batch N runs: N's segments must stay. A
+    half-written segment a killed driver left is swept when the query starts."""
     from cdcflow.spark.source import ChangeStreamReader
 
     db.ddl("CREATE TABLE T (K INT64 NOT NULL) PRIMARY KEY (K)")
@@ -78,8 +79,13 @@ def test_a_committed_batch_drops_its_segments_and_not_the_next_ones(db: Database
                 tx.insert("T", {"K": batch * 10 + key})
         stamps.append(to_micros(db.current_timestamp()))
     root = tmp_path / "segments"
+    left = [root / "P1" / f".{'a' * 32}.part", root / "snapshots" / "T@1" / f".{'b' * 32}.part"]
+    for stray in left:  # a driver killed while sealing, and a snapshot read's file
+        stray.parent.mkdir(parents=True)
+        stray.write_bytes(b"half")
     reader = ChangeStreamReader(parse_options({"database": db.path, "stream": "S",
                                                "segmentRoot": str(root)}), open_log(db.path))
+    assert [p.exists() for p in left] == [False, True]  # the query's start swept its own
     offsets = [reader._offset_at(stamp).to_dict() for stamp in stamps]
     first = reader.partitions(offsets[0], offsets[1])
     second = reader.partitions(offsets[1], offsets[2])
