@@ -183,26 +183,30 @@ def test_a_row_written_back_after_a_later_stamped_delete_is_not_deleted_again(
     """CW-1 with a deletes table: a transaction that started first (so its rows carry the
     earlier time) writes a key back after a later-started one deleted it, once by INSERT and
     once by UPDATE of a re-inserted row. The row's time is below the delete's, yet it is the
-    last word: replaying a poll in its order leaves the rows as the table has them."""
+    last word: replaying a poll in its order leaves the rows as the table has them. A row
+    written back and processed at once is not polled, so its delete still counts."""
     target = PostgresTarget(PostgresTargetConfig(pg.dsn(), "CDCFLOW_TEST_PG_PASSWORD"))
     table = WatchedTable(TABLE, STAMP, SHARD, tuple(SHARDS["in"]), deletes_table=DELETES)
     target.objects((table,))
     conn = connect(pg)
     with conn.cursor() as cur:
-        upsert(cur, 7001, "before")
-        upsert(cur, 7002, "before")
+        for key in (7001, 7002, 7003):
+            upsert(cur, key, "before")
     cursor = target.start_cursor(wait_past_now(target, conn))
     early = connect(pg)
     early.autocommit = False
     with early.cursor() as held, conn.cursor() as cur:
         held.execute("SELECT now()")  # the early transaction takes its time here
-        delete(cur, 7001)
-        delete(cur, 7002)
+        for key in (7001, 7002, 7003):
+            delete(cur, key)
         upsert(cur, 7002, "re-inserted")
         upsert(held, 7001, "written back")
         upsert(held, 7002, "updated back")
+        upsert(held, 7003, "processed back")
+        held.execute(sql.SQL("UPDATE {} SET {} = true WHERE {} = 7003").format(
+            qualified(TABLE), sql.Identifier(PROCESSED), sql.Identifier(ID)))
     early.commit()
-    rows = {7001: "before", 7002: "before"}
+    rows = {7001: "before", 7002: "before", 7003: "before"}
     for polled in target.poll(table, cursor, wait_past_now(target, conn), 100).rows:
         key = int(json.loads(polled.key)[0])
         if polled.deleted:
@@ -211,8 +215,43 @@ def test_a_row_written_back_after_a_later_stamped_delete_is_not_deleted_again(
             rows[key] = polled.row[FIRST]
     assert rows == {7001: "written back", 7002: "updated back"}
     with conn.cursor() as cur:
-        for key in (7001, 7002):
+        for key in (7001, 7002, 7003):
             delete(cur, key)
+    early.close()
+    conn.close()
+    target.close()
+
+
+def test_a_delete_stays_when_the_key_written_back_is_equal_but_reads_otherwise(
+        pg: LocalPostgres, watched: str):
+    """Events name keys by their text: numeric 1.0 deleted and 1.00 written back by an
+    earlier transaction are two keys downstream, though the column's = calls them one."""
+    conn = connect(pg)
+    name = "public.priced"
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} (k numeric PRIMARY KEY, v text)").format(
+            qualified(name)))
+        prepare_table(conn, name, "ts", deletes_table="priced_deletes")
+        cur.execute(sql.SQL("INSERT INTO {} VALUES (1.0, 'before')").format(qualified(name)))
+    target = PostgresTarget(PostgresTargetConfig(pg.dsn(), "CDCFLOW_TEST_PG_PASSWORD"))
+    table = WatchedTable(name, "ts", deletes_table="public.priced_deletes")
+    target.objects((table,))
+    cursor = target.start_cursor(wait_past_now(target, conn))
+    early = connect(pg)
+    early.autocommit = False
+    with early.cursor() as held, conn.cursor() as cur:
+        held.execute("SELECT now()")
+        cur.execute(sql.SQL("DELETE FROM {} WHERE k = 1.0").format(qualified(name)))
+        held.execute(sql.SQL("INSERT INTO {} VALUES (1.00, 'written back')").format(
+            qualified(name)))
+    early.commit()
+    rows = {'["1.0"]': "before"}
+    for polled in target.poll(table, cursor, wait_past_now(target, conn), 100).rows:
+        if polled.deleted:
+            rows.pop(polled.key, None)
+        else:
+            rows[polled.key] = polled.row["v"]
+    assert rows == {'["1.00"]': "written back"}
     early.close()
     conn.close()
     target.close()

@@ -183,9 +183,7 @@ class PostgresTarget:
         keys = [sql.Identifier(k) for k in item.primary_key]
         conditions = [sql.SQL("{} <= %s AND {} IS NOT NULL").format(stamp, stamp)]
         if table.shard_column is not None:
-            shard = sql.Identifier(table.shard_column)
-            conditions.append(sql.SQL("{} IS NOT NULL AND {} IN ({})").format(
-                shard, shard, sql.SQL(", ").join(map(sql.Literal, table.shard_values or ()))))
+            conditions.append(_polled_shards(table, sql.Identifier(table.shard_column)))
         params: list[Any] = [from_micros(up_to)]
         if cursor[1] == PAST_EVERY_KEY:
             conditions.append(sql.SQL("{} > %s").format(stamp))
@@ -279,19 +277,35 @@ class PostgresTarget:
         self.conn.close()
 
 
+def _polled_shards(table: WatchedTable, shard: sql.Composable) -> sql.Composable:
+    """The shard condition of every poll (CW-5); NULL while the row is processed (CW-7)."""
+    return sql.SQL("{} IS NOT NULL AND {} IN ({})").format(
+        shard, shard, sql.SQL(", ").join(map(sql.Literal, table.shard_values or ())))
+
+
 def _written_back(table: WatchedTable, primary_key: tuple[str, ...]) -> sql.Composable:
-    """True for a delete whose key the table holds again with an earlier time (or none).
+    """True for a delete whose key the table holds again, in a row the polls return, with an
+    earlier time (or none, once cleaned up).
 
     In one snapshot a live row and a committed delete of its key mean the row was written
     after the delete. Its time can still be earlier: the stamp is the writing transaction's
     start, and that transaction may have started before the deleting one. Polled in time
     order, the delete would then come last and erase the row, so it is left out: the row's
-    own version is the key's last word (several changes between polls arrive as the last)."""
+    own version is the key's last word (several changes between polls arrive as the last).
+    The key must match as text too (the events' key), not only by the column's equality
+    (citext, numeric scale); a row the polls skip (processed, another shard) keeps the
+    delete."""
     deletes, live = qualified(str(table.deletes_table)), sql.Identifier("_cdcflow_live")
     same_key = sql.SQL(" AND ").join(
-        sql.SQL("{}.{} = {}.{}").format(live, sql.Identifier(k), deletes, sql.Identifier(k))
+        sql.SQL("{}.{} = {}.{} AND {}.{}::text = {}.{}::text").format(
+            live, sql.Identifier(k), deletes, sql.Identifier(k),
+            live, sql.Identifier(k), deletes, sql.Identifier(k))
         for k in primary_key)
     stamp = sql.SQL("{}.{}").format(live, sql.Identifier(table.commit_timestamp_column))
-    return sql.SQL("EXISTS (SELECT 1 FROM {} AS {} WHERE {} AND ({} IS NULL OR {} < {}.{}))"
-                   ).format(qualified(table.name), live, same_key, stamp, stamp, deletes,
-                            sql.Identifier("deleted_at"))
+    conditions = [same_key, sql.SQL("({} IS NULL OR {} < {}.{})").format(
+        stamp, stamp, deletes, sql.Identifier("deleted_at"))]
+    if table.shard_column is not None:
+        conditions.append(_polled_shards(table, sql.SQL("{}.{}").format(
+            live, sql.Identifier(table.shard_column))))
+    return sql.SQL("EXISTS (SELECT 1 FROM {} AS {} WHERE {})").format(
+        qualified(table.name), live, sql.SQL(" AND ").join(conditions))
