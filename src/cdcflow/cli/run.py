@@ -24,10 +24,11 @@ ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 
 
 def use_system_allocator() -> None:
-    """Arrow's buffers in this process, and in the Spark workers it starts, come from the
-    system allocator, unless ARROW_DEFAULT_MEMORY_POOL names another. With pyarrow's
-    default (jemalloc) the runner's driver settled about 110 MiB higher, holding freed
-    buffers (bench/bench_memory.py, issue 11 goal 6)."""
+    """Arrow's buffers in this process come from the system allocator, unless
+    ARROW_DEFAULT_MEMORY_POOL names another; so do they in the Python workers of a local
+    master, which inherit the variable (a cluster's executors keep their own environment).
+    With pyarrow's default pool (mimalloc in pyarrow 26) the runner settled about 110 MiB
+    higher, holding freed buffers (bench/bench_memory.py, issue 11 goal 6)."""
     if os.environ.get(ARROW_POOL_VARIABLE):
         return
     os.environ[ARROW_POOL_VARIABLE] = "system"

@@ -3,7 +3,9 @@ table snapshot. Stateless: every call opens its own database connection (executo
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,6 +27,7 @@ from cdcflow.store.segments import (
     read_snapshot_file,
     seal,
     seal_snapshot,
+    snapshot_sealed,
 )
 
 _BATCH_ROWS = 8_192
@@ -74,10 +77,13 @@ class SnapshotSlice:
     segment_root: str | None = None
     """Set: executors read the slice's rows from a file the driver wrote under this root."""
 
+    source: str = ""
+    """With a segment root: the database file as the driver saw it (`snapshot_source`)."""
+
     def place(self) -> SnapshotFile:
         assert self.segment_root is not None
         return SnapshotFile(self.segment_root, self.table, self.read_micros, self.hash_start,
-                            self.hash_end)
+                            self.hash_end, self.source)
 
 
 def change_slices(options: SourceOptions, partitions: list[PartitionMetadata], after: int,
@@ -230,13 +236,25 @@ def _read_raw(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     )
 
 
+def snapshot_source(database: str) -> str:
+    """A short name for a database file as this machine sees it: its absolute path and its
+    inode (a database made again at the same path is another file)."""
+    path = os.path.abspath(database)
+    return hashlib.sha256(f"{path}\0{os.stat(path).st_ino}".encode()).hexdigest()[:12]
+
+
 def seal_snapshot_slices(pieces: Sequence[SnapshotSlice]) -> None:
     """Driver side: write the rows of each slice that has a segment root under it, for
-    executors that can't open the database (a replanned read finds them written)."""
+    executors that can't open the database. A replanned read finds them written and does
+    not read the database again."""
     for piece in pieces:
-        if piece.segment_root is not None:
-            arrow, batches = _snapshot_rows(piece)
-            seal_snapshot(piece.place(), pa.Table.from_batches(list(batches), schema=arrow))
+        if piece.segment_root is None:
+            continue
+        database = Database.open(piece.database, create=False)
+        arrow = pa.schema([(name, kind) for name, _, kind in
+                           table_columns(database.table_schema(piece.table))])
+        if not snapshot_sealed(piece.place(), arrow):
+            seal_snapshot(piece.place(), arrow, _snapshot_rows(piece)[1])
 
 
 def read_snapshot(piece: SnapshotSlice) -> Iterator[pa.RecordBatch]:

@@ -40,6 +40,7 @@ from cdcflow.spark.reading import (
     read_snapshot,
     seal_slices,
     seal_snapshot_slices,
+    snapshot_source,
 )
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, ddl_of, table_columns
 from cdcflow.store.changelog import LogReader, open_log
@@ -162,9 +163,11 @@ class SnapshotReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> Sequence[InputPartition]:
         count = self.options.num_partitions
         bounds = [KEY_HASH_SPACE * i // count for i in range(count + 1)]
+        source = "" if self.options.segment_root is None else snapshot_source(
+            self.options.database)
         pieces = [SnapshotSlice(self.options.database, str(self.options.table),
                                 self.read_micros, bounds[i], bounds[i + 1],
-                                self.options.segment_root) for i in range(count)]
+                                self.options.segment_root, source) for i in range(count)]
         seal_snapshot_slices(pieces)
         return [SlicePartition(piece) for piece in pieces]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from urllib.parse import quote, unquote
@@ -91,17 +91,20 @@ def seal(segment: Segment, entries: Sequence[tuple[str, int, str]]) -> int:
     if _intact(filesystem, target):
         return int(filesystem.get_file_info(target).size)
     columns = [list(column) for column in zip(*entries, strict=True)] or [[], [], []]
-    _write_aside(filesystem, segment.folder(), target, pa.table(columns, schema=SEGMENT_SCHEMA))
+    table = pa.table(columns, schema=SEGMENT_SCHEMA)
+    _write_aside(filesystem, segment.folder(), target, SEGMENT_SCHEMA, table.to_batches())
     return int(filesystem.get_file_info(target).size)
 
 
-def _write_aside(filesystem: pafs.FileSystem, folder: str, target: str,
-                 table: pa.Table) -> None:
-    """`table` as an Arrow IPC file at `target`, written aside in `folder` and moved there."""
+def _write_aside(filesystem: pafs.FileSystem, folder: str, target: str, schema: pa.Schema,
+                 batches: Iterable[pa.RecordBatch]) -> None:
+    """`batches` as an Arrow IPC file at `target`, written aside in `folder` and moved
+    there."""
     filesystem.create_dir(folder, recursive=True)
     written = f"{folder}/.{uuid.uuid4().hex}.part"
-    with filesystem.open_output_stream(written) as out, ipc.new_file(out, table.schema) as w:
-        w.write_table(table)
+    with filesystem.open_output_stream(written) as out, ipc.new_file(out, schema) as w:
+        for batch in batches:
+            w.write_batch(batch)
     filesystem.move(written, target)
 
 
@@ -116,21 +119,29 @@ class SnapshotFile:
     read_micros: int
     hash_start: int
     hash_end: int
+    source: str
+    """Names the database file the rows come from, so another one's are never reused."""
 
     def folder(self) -> str:
-        name = quote(f"{self.table}@{self.read_micros}", safe="@")
+        name = quote(f"{self.table}@{self.read_micros}-{self.source}", safe="@")
         return str(PurePosixPath(storage(self.root)[1]) / "snapshots" / name)
 
     def path(self) -> str:
         return f"{self.folder()}/{self.hash_start}-{self.hash_end}.snapshot.arrow"
 
 
-def seal_snapshot(place: SnapshotFile, table: pa.Table) -> None:
-    """Write a snapshot slice's rows unless a whole file with their schema is there: the
-    same snapshot always holds the same rows."""
+def snapshot_sealed(place: SnapshotFile, schema: pa.Schema) -> bool:
+    """A whole file of `schema` is there: the same snapshot of one file holds the same
+    rows, so it need not be written again."""
     filesystem, _ = storage(place.root)
-    if not _intact(filesystem, place.path(), table.schema):
-        _write_aside(filesystem, place.folder(), place.path(), table)
+    return _intact(filesystem, place.path(), schema)
+
+
+def seal_snapshot(place: SnapshotFile, schema: pa.Schema,
+                  batches: Iterable[pa.RecordBatch]) -> None:
+    """Write a snapshot slice's rows, batch by batch."""
+    filesystem, _ = storage(place.root)
+    _write_aside(filesystem, place.folder(), place.path(), schema, batches)
 
 
 def read_snapshot_file(place: SnapshotFile) -> pa.Table:

@@ -18,7 +18,7 @@ def probe(**env: str) -> str:
     return result.stdout.strip()
 
 
-def test_the_runner_takes_the_system_allocator_and_passes_it_to_its_workers():
+def test_the_runner_takes_the_system_allocator_and_sets_the_variable_workers_inherit():
     assert probe() == "system system"
 
 

@@ -139,5 +139,29 @@ def test_a_table_snapshot_read_with_a_segment_root_needs_no_database_on_executor
         list(shared.read(pieces[1]))
 
 
+def test_snapshot_files_of_two_databases_sharing_a_root_stay_apart(tmp_path: Path):
+    """Same table name, same readTimestamp, one root: each read gets its own database's
+    rows, never the files the other sealed."""
+    from cdcflow.spark.source import SnapshotReader
+
+    databases = []
+    for name, value in (("a.db", "from A"), ("b.db", "from B")):
+        database = Database.open(str(tmp_path / name))
+        database.ddl("CREATE TABLE T (K INT64 NOT NULL, V STRING(MAX)) PRIMARY KEY (K)")
+        with database.transaction() as tx:
+            tx.insert("T", {"K": 1, "V": value})
+        databases.append(database)
+    stamp = max(d.current_timestamp() for d in databases).isoformat()
+    seen = []
+    for database in databases:
+        reader = SnapshotReader(parse_options({
+            "database": database.path, "table": "T", "readTimestamp": stamp,
+            "segmentRoot": str(tmp_path / "shared")}), database)
+        seen.append([row["V"] for p in reader.partitions() for b in reader.read(p)
+                     for row in pa.Table.from_batches([b]).to_pylist()])
+        database.close()
+    assert seen == [["from A"], ["from B"]]
+
+
 def sealed_once(files: list[Path]) -> list[tuple[str, int]]:
     return [(f.name, f.stat().st_mtime_ns) for f in files]
