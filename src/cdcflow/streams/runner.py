@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import CdcflowError, FailedPrecondition
+from cdcflow.errors import CdcflowError, FailedPrecondition, NotFound
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.preflight import check_storage_root
@@ -144,8 +144,17 @@ class Runner:
     def _supervise(self, record: StreamRecord) -> None:
         name = record.definition.name
         worker = self.workers.setdefault(name, Worker(name))
-        if worker.thread is not None and worker.thread.is_alive():
-            return
+        if worker.thread is not None:
+            if worker.thread.is_alive():
+                return
+            # The thread may have moved the state after the loop read `record` (a start
+            # ending in RUNNING): acting on the stale state would start the stream twice.
+            worker.thread = None
+            try:
+                record = self.catalog.get(name)
+            except NotFound:  # deleted since the loop read it
+                self.workers.pop(name, None)
+                return
         match record.state:
             case StreamState.STARTING:
                 self._in_thread(worker, self._start, record)

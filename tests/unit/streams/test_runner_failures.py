@@ -108,3 +108,27 @@ def test_an_error_no_retry_mends_is_permanent_at_once(tmp_path: Path):
 def test_permanent_errors_are_told_apart_also_from_spark_text(error: BaseException,
                                                               permanent: bool):
     assert is_permanent(error) is permanent
+
+
+def test_a_start_that_ends_after_the_loop_read_the_state_is_not_run_twice(tmp_path: Path):
+    """The loop reads every stream's state, then supervises each. When a start thread ends
+    (STARTING -> RUNNING) between the two, the stale STARTING must not start the stream
+    again: the second start found RUNNING and failed the stream for good (a CI run of the
+    cluster test lost its PostgreSQL stream so)."""
+    catalog = stream(tmp_path, tmp_path / "unused.db")
+    runner = Runner(tmp_path / "catalog.db", spark=None, clock=FakeClock())
+    starts: list[str] = []
+    kept: list[str] = []
+
+    def start(record):
+        starts.append(record.definition.name)
+        catalog.act(record.definition.name, "started")
+
+    runner._start = start  # type: ignore[method-assign]
+    runner._keep_running = lambda record, worker: kept.append(record.state.value)  # type: ignore[method-assign]
+    stale = catalog.get("s")
+    runner._supervise(stale)
+    runner.workers["s"].thread.join()
+    runner._supervise(stale)  # read before the start ended
+    assert starts == ["s"] and kept == ["RUNNING"]
+    assert catalog.get("s").state == StreamState.RUNNING
