@@ -259,12 +259,18 @@ def test_a_delete_stays_when_the_key_written_back_is_equal_but_reads_otherwise(
 
 def wait_past_now(target: PostgresTarget, conn: Any) -> int:
     """A horizon past the server's clock as of this call (polling: the margin must pass)."""
+    return horizon_past(target, conn, sql.SQL(
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"))
+
+
+def horizon_past(target: PostgresTarget, conn: Any, micros: sql.Composable) -> int:
+    """The first horizon at or past the micros `micros` selects, polled for."""
     with conn.cursor() as cur:
-        cur.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
-        now = cur.fetchone()[0]
+        cur.execute(micros)
+        wanted = cur.fetchone()[0]
     deadline = time.monotonic() + 30
-    while (horizon := target.horizon()) < now:
-        assert time.monotonic() < deadline, "the horizon did not pass the server's clock"
+    while (horizon := target.horizon()) < wanted:
+        assert time.monotonic() < deadline, f"the horizon did not pass {wanted}"
         time.sleep(0.05)
     return horizon
 
@@ -351,15 +357,9 @@ def set_processed(conn: Any, name: str, key: int, value: bool) -> None:
 
 def wait_for_horizon(target: PostgresTarget, conn: Any, name: str) -> int:
     """A horizon past every row of the table (polling for it: the margin must pass)."""
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT (extract(epoch FROM max(ts)) * 1000000)::bigint FROM {}"
-                            ).format(qualified(name)))
-        newest = cur.fetchone()[0]
-    deadline = time.monotonic() + 30
-    while (horizon := target.horizon()) < newest:
-        assert time.monotonic() < deadline, "the horizon did not pass the newest row"
-        time.sleep(0.05)
-    return horizon
+    return horizon_past(target, conn, sql.SQL(
+        "SELECT (extract(epoch FROM max(ts)) * 1000000)::bigint FROM {}").format(
+        qualified(name)))
 
 
 def test_cleanup_nulls_old_timestamps_but_not_a_row_a_writer_is_updating(
