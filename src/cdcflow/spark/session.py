@@ -8,13 +8,18 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import stat
 import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from cdcflow.spark.class_archive import (
+    EXTRA_OPTIONS,
+    cache_folder,
+    driver_java_options,
+    owned_privately,
+)
 from cdcflow.spark.master import check_master, standalone_addresses
 from cdcflow.spark.shipping import package_zip
 
@@ -62,18 +67,15 @@ def _spark_home_without_python_zips() -> str | None:
     package = Path(pyspark.__file__).parent
     if not (package / "jars").is_dir() or not (package / "python" / "lib").is_dir():
         return None
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cdcflow"
+    cache = cache_folder()
     digest = hashlib.sha256(str(package).encode()).hexdigest()[:16]
     home = cache / f"spark-home-{digest}"
     try:
         if not home.exists():
             _link_spark_home(package, cache, home)
-        owner = home.lstat()
     except OSError:
         return None
-    if owner.st_uid != os.getuid() or owner.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return None
-    return str(home)
+    return str(home) if owned_privately(home) else None
 
 
 def _link_spark_home(package: Path, cache: Path, home: Path) -> None:
@@ -114,7 +116,9 @@ def _settings(verbose: bool, conf: dict[str, str], loopback: bool) -> dict[str, 
         settings |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
     if not verbose:
         settings["spark.ui.showConsoleProgress"] = "false"
-    return settings | {key.replace("_", "."): value for key, value in conf.items()}
+    settings |= {key.replace("_", "."): value for key, value in conf.items()}
+    java_options = driver_java_options(settings)  # the class archive, see class_archive
+    return settings | ({EXTRA_OPTIONS: java_options} if java_options else {})
 
 
 def _start_context(app_name: str, master: str | None, settings: dict[str, str],

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import cdcflow
+from cdcflow.spark.class_archive import cache_folder
 
 
 def _package_files() -> list[tuple[Path, str]]:
@@ -32,7 +33,7 @@ def package_zip(cache: Path | None = None) -> Path:
     digest = hashlib.sha256()
     for path, name in files:
         digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    folder = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cdcflow"
+    folder = cache or cache_folder()
     target = folder / f"cdcflow-{cdcflow.__version__}-{digest.hexdigest()[:16]}.zip"
     if target.exists():
         return target

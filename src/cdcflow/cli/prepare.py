@@ -1,0 +1,99 @@
+"""`cdcflow prepare`: make the driver JVM's class archive (see cdcflow.spark.class_archive).
+
+The archive is written by a JVM as it exits, holding the classes that run loaded. So this
+runs `cdcflow demo` briefly as the training run, in a session of its own, waits until every
+process of that session (the demo, its JVM and their Python workers) has ended, and only then
+moves the archive into the cache: a half-written archive is never where sessions look.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from cdcflow.spark.class_archive import (
+    ARCHIVE_PREFIX,
+    DRIVER_OPTIONS_VARIABLE,
+    archive_path,
+    cache_folder,
+)
+
+TRAINING_SECONDS = "3"
+
+
+def _session_members(session_id: int) -> list[int]:
+    """Processes whose session is `session_id`, from /proc (field 6 of each stat)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[3]) == session_id:
+            members.append(int(entry.name))
+    return members
+
+
+def _train(folder: Path, archive: Path, seconds: float) -> None:
+    """Run the demo with a JVM that writes `archive` as it exits; wait for all of it."""
+    env = os.environ | {DRIVER_OPTIONS_VARIABLE: f"-XX:ArchiveClassesAtExit={archive}"}
+    command = [sys.executable, "-m", "cdcflow.cli.main", "demo", "--duration",
+               TRAINING_SECONDS, "--json", "--output", str(folder / "demo")]
+    deadline = time.monotonic() + seconds
+    with open(folder / "training.log", "wb") as log:
+        child = subprocess.Popen(command, env=env, stdout=log, stderr=log,
+                                 start_new_session=True)
+        try:
+            code = child.wait(seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, 9)
+            child.wait()
+            raise click.ClickException(f"the training run took over {seconds:.0f} s") from None
+    while _session_members(child.pid):
+        if time.monotonic() > deadline:
+            os.killpg(child.pid, 9)
+            raise click.ClickException(f"the training run's JVM did not end in {seconds:.0f} s")
+        time.sleep(0.2)
+    if code != 0 or not archive.is_file() or archive.stat().st_size == 0:
+        tail = (folder / "training.log").read_text(errors="replace")[-2000:]
+        raise click.ClickException(f"the training run (exit status {code}) wrote no class "
+                                   f"archive; its output ends with:\n{tail}")
+
+
+@click.command()
+@click.option("--force", is_flag=True, help="Make the archive again even if it exists.")
+@click.option("--timeout", default=600.0, show_default=True,
+              help="Seconds the training run may take.")
+def prepare(force: bool, timeout: float) -> None:
+    """Make the class archive that lets every Spark session of this cdcflow start in less
+    time and CPU: once per user, pyspark version and Java. It runs the demo for a few seconds
+    to learn which classes a session loads."""
+    target = archive_path()
+    if target is None:
+        raise click.ClickException("no java found (JAVA_HOME, PATH): Spark needs Java 17")
+    if target.is_file() and not force:
+        click.echo(f"class archive up to date: {target}")
+        return
+    cache = cache_folder()
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = Path(tempfile.mkdtemp(prefix=".prepare-", dir=cache))
+    began = time.monotonic()
+    try:
+        _train(folder, folder / "classes.jsa", timeout)
+        os.replace(folder / "classes.jsa", target)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    for stale in cache.glob(f"{ARCHIVE_PREFIX}*.jsa"):  # for another pyspark or Java
+        if stale != target:
+            stale.unlink(missing_ok=True)
+    click.echo(f"class archive made in {time.monotonic() - began:.0f} s: {target} "
+               f"({target.stat().st_size / 2**20:.0f} MiB)")
