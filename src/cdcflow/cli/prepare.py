@@ -8,6 +8,7 @@ moves the archive into the cache: a half-written archive is never where sessions
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +24,9 @@ from cdcflow.spark.class_archive import (
     DRIVER_OPTIONS_VARIABLE,
     archive_path,
     cache_folder,
+    current_identity,
+    identity_file,
+    outdated,
 )
 
 TRAINING_SECONDS = "3"
@@ -80,20 +84,22 @@ def prepare(force: bool, timeout: float) -> None:
     target = archive_path()
     if target is None:
         raise click.ClickException("no java found (JAVA_HOME, PATH): Spark needs Java 17")
+    cache = cache_folder()
+    for other in cache.glob(f"{ARCHIVE_PREFIX}*.jsa"):  # Spark or Java since reinstalled
+        if other != target and outdated(other):
+            other.unlink(missing_ok=True)
+            identity_file(other).unlink(missing_ok=True)
     if target.is_file() and not force:
         click.echo(f"class archive up to date: {target}")
         return
-    cache = cache_folder()
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     folder = Path(tempfile.mkdtemp(prefix=".prepare-", dir=cache))
     began = time.monotonic()
     try:
         _train(folder, folder / "classes.jsa", timeout)
+        identity_file(target).write_text(json.dumps(current_identity()))
         os.replace(folder / "classes.jsa", target)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    for stale in cache.glob(f"{ARCHIVE_PREFIX}*.jsa"):  # for another pyspark or Java
-        if stale != target:
-            stale.unlink(missing_ok=True)
     click.echo(f"class archive made in {time.monotonic() - began:.0f} s: {target} "
                f"({target.stat().st_size / 2**20:.0f} MiB)")

@@ -3,8 +3,9 @@
 A JVM that starts Spark and runs its first query loads and verifies about 20,000 classes.
 Java 17 can write the classes a run loaded into an archive when it exits
 (`-XX:ArchiveClassesAtExit`) and map them from it in later runs (`-XX:SharedArchiveFile`).
-Here that took a session plus its first streaming query from 13.8 s to 8.8 s and from 19 to
-11 s of CPU (issue 14: a runner killed starts again sooner).
+Here that took a session plus its first streaming query from 11.5 s to 7.9 s, and the JVM's
+CPU from 15.9 s to 10.0 s (bench/bench_session_start.py; issue 14: a killed runner is back
+sooner).
 
 `cdcflow prepare` makes the archive once per user, pyspark and Java (`archive_path`); from
 then on every session this cdcflow starts uses it (`driver_java_options`). The JVM checks
@@ -19,6 +20,7 @@ CDCFLOW_DRIVER_JAVA_OPTIONS adds options of the caller's to the driver JVM (the 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -52,19 +54,51 @@ def _java() -> Path | None:
     return Path(found).resolve() if found and Path(found).exists() else None
 
 
-def archive_path() -> Path | None:
-    """Where the archive for this pyspark and this Java lives, or None without a java.
-    Named by both, so an upgrade of either makes a new one rather than a mismatch."""
+def _identity(jars: Path, java: Path) -> dict[str, object]:
+    """What an archive was made for: the jars folder and the java, with their install
+    times (a reinstall makes the folder anew)."""
+    made = java.stat()
+    return {"jars": str(jars), "jars_installed": jars.stat().st_mtime_ns, "java": str(java),
+            "java_size": made.st_size, "java_installed": made.st_mtime_ns}
+
+
+def current_identity() -> dict[str, object] | None:
+    """The identity of this process's Spark and Java, or None without either."""
     import pyspark
 
     java = _java()
-    if java is None:
+    jars = (Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+            / "jars").resolve()  # session()'s own SPARK_HOME links pyspark's
+    if java is None or not jars.is_dir():
         return None
-    facts = java.stat()
-    key = "\0".join([str(Path(pyspark.__file__).parent), pyspark.__version__, str(java),
-                     str(facts.st_size), str(facts.st_mtime_ns)])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return _identity(jars, java) | {"pyspark": pyspark.__version__}
+
+
+def archive_path() -> Path | None:
+    """Where the archive for this Spark's jars and this Java lives, or None without either.
+    Named by both, so an upgrade or a reinstall of either asks for a new archive rather
+    than finding one the JVM would refuse."""
+    identity = current_identity()
+    if identity is None:
+        return None
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return cache_folder() / f"{ARCHIVE_PREFIX}{digest}.jsa"
+
+
+def identity_file(archive: Path) -> Path:
+    return archive.with_suffix(".json")
+
+
+def outdated(archive: Path) -> bool:
+    """Whether the Spark or the Java an archive was made for is gone or was reinstalled
+    (by its identity file); an archive without one is kept."""
+    try:
+        made_for = json.loads(identity_file(archive).read_text())
+        jars, java = Path(made_for["jars"]), Path(made_for["java"])
+        return not (jars.is_dir() and java.is_file()) or \
+            _identity(jars, java) != {k: made_for[k] for k in _identity(jars, java)}
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not ours: keep it
+        return False
 
 
 def usable_archive() -> Path | None:
