@@ -8,9 +8,11 @@ moves the archive into the cache: a half-written archive is never where sessions
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,17 +25,18 @@ from cdcflow.spark.class_archive import (
     ARCHIVE_PREFIX,
     DRIVER_OPTIONS_VARIABLE,
     archive_path,
-    cache_folder,
     current_identity,
     identity_file,
     outdated,
+    usable_archive,
 )
 
 TRAINING_SECONDS = "3"
 
 
 def _session_members(session_id: int) -> list[int]:
-    """Processes whose session is `session_id`, from /proc (field 6 of each stat)."""
+    """Live processes whose session is `session_id`, from /proc (fields 3 and 6 of each
+    stat). An ended JVM whose parent is gone stays a zombie where nobody reaps orphans."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -42,9 +45,14 @@ def _session_members(session_id: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # it ended meanwhile
             continue
-        if int(fields[3]) == session_id:
+        if int(fields[3]) == session_id and fields[0] != "Z":  # a zombie has ended
             members.append(int(entry.name))
     return members
+
+
+def _kill_session(session_id: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # all of it ended meanwhile
+        os.killpg(session_id, signal.SIGKILL)
 
 
 def _train(folder: Path, archive: Path, seconds: float) -> None:
@@ -59,12 +67,12 @@ def _train(folder: Path, archive: Path, seconds: float) -> None:
         try:
             code = child.wait(seconds)
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, 9)
+            _kill_session(child.pid)
             child.wait()
             raise click.ClickException(f"the training run took over {seconds:.0f} s") from None
     while _session_members(child.pid):
         if time.monotonic() > deadline:
-            os.killpg(child.pid, 9)
+            _kill_session(child.pid)
             raise click.ClickException(f"the training run's JVM did not end in {seconds:.0f} s")
         time.sleep(0.2)
     if code != 0 or not archive.is_file() or archive.stat().st_size == 0:
@@ -73,33 +81,48 @@ def _train(folder: Path, archive: Path, seconds: float) -> None:
                                    f"archive; its output ends with:\n{tail}")
 
 
-@click.command()
-@click.option("--force", is_flag=True, help="Make the archive again even if it exists.")
-@click.option("--timeout", default=600.0, show_default=True,
-              help="Seconds the training run may take.")
-def prepare(force: bool, timeout: float) -> None:
-    """Make the class archive that lets every Spark session of this cdcflow start in less
-    time and CPU: once per user, pyspark version and Java. It runs the demo for a few seconds
-    to learn which classes a session loads."""
-    target = archive_path()
-    if target is None:
-        raise click.ClickException("no java found (JAVA_HOME, PATH): Spark needs Java 17")
-    cache = cache_folder()
-    for other in cache.glob(f"{ARCHIVE_PREFIX}*.jsa"):  # Spark or Java since reinstalled
+def _remove_outdated(target: Path) -> None:
+    for other in target.parent.glob(f"{ARCHIVE_PREFIX}*.jsa"):  # Spark or Java reinstalled
         if other != target and outdated(other):
             other.unlink(missing_ok=True)
             identity_file(other).unlink(missing_ok=True)
-    if target.is_file() and not force:
-        click.echo(f"class archive up to date: {target}")
-        return
-    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-    folder = Path(tempfile.mkdtemp(prefix=".prepare-", dir=cache))
-    began = time.monotonic()
+
+
+def _make(target: Path, timeout: float) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = Path(tempfile.mkdtemp(prefix=".prepare-", dir=target.parent))
     try:
         _train(folder, folder / "classes.jsa", timeout)
         identity_file(target).write_text(json.dumps(current_identity()))
         os.replace(folder / "classes.jsa", target)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@click.command()
+@click.option("--force", is_flag=True, help="Make the archive again even if it exists.")
+@click.option("--timeout", default=600.0, show_default=True,
+              help="Seconds the training run may take.")
+def prepare(force: bool, timeout: float) -> None:
+    """Make the class archive that lets every Spark session of this cdcflow start in less
+    time and CPU: once per virtual environment (its Spark) and Java. It runs the demo for a
+    few seconds to learn which classes a session loads."""
+    target = archive_path()
+    if target is None:
+        raise click.ClickException("no java found (JAVA_HOME, PATH): Spark needs Java 17")
+    try:
+        _remove_outdated(target)
+        if usable_archive() == target and not force:
+            click.echo(f"class archive up to date: {target}")
+            return
+        began = time.monotonic()
+        _make(target, timeout)
+    except OSError as error:
+        raise click.ClickException(f"cannot make the class archive in {target.parent}: "
+                                   f"{error}") from None
+    if usable_archive() != target:
+        raise click.ClickException(
+            f"sessions would not use the class archive {target}: its folder must be this "
+            "user's alone, and its path must hold no space or quote (set XDG_CACHE_HOME)")
     click.echo(f"class archive made in {time.monotonic() - began:.0f} s: {target} "
                f"({target.stat().st_size / 2**20:.0f} MiB)")

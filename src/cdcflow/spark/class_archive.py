@@ -7,14 +7,15 @@ Here that took a session plus its first streaming query from 11.5 s to 7.9 s, an
 CPU from 15.9 s to 10.0 s (bench/bench_session_start.py; issue 14: a killed runner is back
 sooner).
 
-`cdcflow prepare` makes the archive once per user, pyspark and Java (`archive_path`); from
-then on every session this cdcflow starts uses it (`driver_java_options`). The JVM checks
+`cdcflow prepare` makes the archive once per virtual environment and Java (`archive_path`);
+from then on every session this cdcflow starts uses it (`submit_options`). The JVM checks
 the archive itself: one made by another Java build, or for other jars, is ignored with a
 warning in the Spark log, and the session starts as it would without it.
 
 CDCFLOW_DRIVER_JAVA_OPTIONS adds options of the caller's to the driver JVM (the tests use
-`-XX:TieredStopAtLevel=1`, see README). Options of the session's own
-`spark.driver.extraJavaOptions` come last, so they win.
+`-XX:TieredStopAtLevel=1`, see README). It and the archive's option reach the JVM through
+SPARK_SUBMIT_OPTS, so a `spark.driver.extraJavaOptions` of the caller's (the session's or
+spark-defaults.conf's) stays as it was and comes last.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import stat
 from pathlib import Path
 
 DRIVER_OPTIONS_VARIABLE = "CDCFLOW_DRIVER_JAVA_OPTIONS"
-EXTRA_OPTIONS = "spark.driver.extraJavaOptions"
+SUBMIT_OPTIONS_VARIABLE = "SPARK_SUBMIT_OPTS"
+_DRIVER_OPTION_KEYS = ("spark.driver.defaultJavaOptions", "spark.driver.extraJavaOptions")
+_JVM_VARIABLES = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "PYSPARK_SUBMIT_ARGS")
 ARCHIVE_PREFIX = "spark-classes-"
 _CDS_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")
 """Options by which a caller chooses the class sharing himself; cdcflow then adds none."""
@@ -102,18 +105,26 @@ def outdated(archive: Path) -> bool:
 
 
 def usable_archive() -> Path | None:
-    """The archive if `cdcflow prepare` made it and nobody else can have changed it."""
+    """The archive if `cdcflow prepare` made it and nobody else can have changed it (nor
+    swapped it in its folder)."""
     path = archive_path()
-    if path is None or any(space.isspace() for space in str(path)):
-        return None  # Spark splits the options at white space
-    return path if path.is_file() and owned_privately(path) else None
+    if path is None or any(c.isspace() or c in "'\"\\" for c in str(path)):
+        return None  # Spark's launcher splits options at spaces and parses quotes
+    private = path.is_file() and owned_privately(path) and owned_privately(path.parent)
+    return path if private else None
 
 
-def driver_java_options(settings: dict[str, str]) -> str:
-    """The driver JVM's options: the archive's (unless the caller chose class sharing
-    himself), then CDCFLOW_DRIVER_JAVA_OPTIONS, then the session's own."""
-    given = " ".join(part for part in (os.environ.get(DRIVER_OPTIONS_VARIABLE, "").strip(),
-                                       settings.get(EXTRA_OPTIONS, "").strip()) if part)
-    archive = None if any(flag in given for flag in _CDS_FLAGS) else usable_archive()
+def submit_options(settings: dict[str, str]) -> str:
+    """SPARK_SUBMIT_OPTS for the JVM a session launches: the archive's option (unless the
+    caller chose class sharing himself), CDCFLOW_DRIVER_JAVA_OPTIONS, then whatever
+    SPARK_SUBMIT_OPTS held. Spark's launcher puts these before the driver's
+    `spark.driver.defaultJavaOptions` and `extraJavaOptions`, which thus win, and which stay
+    the caller's, from the session or from spark-defaults.conf."""
+    ours = os.environ.get(DRIVER_OPTIONS_VARIABLE, "").strip()
+    inherited = os.environ.get(SUBMIT_OPTIONS_VARIABLE, "").strip()
+    chosen = [ours, inherited, *(os.environ.get(name, "") for name in _JVM_VARIABLES),
+              *(settings.get(key, "") for key in _DRIVER_OPTION_KEYS)]
+    archive = None if any(flag in text for text in chosen for flag in _CDS_FLAGS) \
+        else usable_archive()
     return " ".join(part for part in (f"-XX:SharedArchiveFile={archive}" if archive else "",
-                                      given) if part)
+                                      ours, inherited) if part)

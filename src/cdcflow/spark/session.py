@@ -5,20 +5,22 @@ there are no progress bars."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cdcflow.spark.class_archive import (
-    EXTRA_OPTIONS,
+    SUBMIT_OPTIONS_VARIABLE,
     cache_folder,
-    driver_java_options,
     owned_privately,
+    submit_options,
 )
 from cdcflow.spark.master import check_master, standalone_addresses
 from cdcflow.spark.shipping import package_zip
@@ -116,9 +118,7 @@ def _settings(verbose: bool, conf: dict[str, str], loopback: bool) -> dict[str, 
         settings |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
     if not verbose:
         settings["spark.ui.showConsoleProgress"] = "false"
-    settings |= {key.replace("_", "."): value for key, value in conf.items()}
-    java_options = driver_java_options(settings)  # the class archive, see class_archive
-    return settings | ({EXTRA_OPTIONS: java_options} if java_options else {})
+    return settings | {key.replace("_", "."): value for key, value in conf.items()}
 
 
 def _start_context(app_name: str, master: str | None, settings: dict[str, str],
@@ -133,15 +133,33 @@ def _start_context(app_name: str, master: str | None, settings: dict[str, str],
     spark_conf = SparkConf().setAppName(app_name).setAll(list(settings.items()))
     if master is not None:
         spark_conf.setMaster(master)
-    if verbose:
-        SparkContext(conf=spark_conf)
-        return
-    path = Path(log_path or Path(tempfile.gettempdir()) / f"cdcflow-spark-{os.getpid()}.log")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as log:  # the JVM keeps its own descriptor
-        gateway = launch_gateway(  # type: ignore[no-untyped-call]
-            spark_conf, popen_kwargs={"stdout": log, "stderr": log})
+    with _launch_environment(settings):
+        if verbose:
+            SparkContext(conf=spark_conf)
+            return
+        path = Path(log_path or Path(tempfile.gettempdir()) / f"cdcflow-spark-{os.getpid()}.log")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as log:  # the JVM keeps its own descriptor
+            gateway = launch_gateway(  # type: ignore[no-untyped-call]
+                spark_conf, popen_kwargs={"stdout": log, "stderr": log})
     SparkContext(conf=spark_conf, gateway=gateway)
+
+
+@contextlib.contextmanager
+def _launch_environment(settings: dict[str, str]) -> Iterator[None]:
+    """SPARK_SUBMIT_OPTS as `submit_options` gives it (the class archive), while the JVM is
+    launched; as it was afterwards."""
+    before = os.environ.get(SUBMIT_OPTIONS_VARIABLE)
+    options = submit_options(settings)
+    if options:
+        os.environ[SUBMIT_OPTIONS_VARIABLE] = options
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SUBMIT_OPTIONS_VARIABLE, None)
+        else:
+            os.environ[SUBMIT_OPTIONS_VARIABLE] = before
 
 
 class _HeldInterrupts:

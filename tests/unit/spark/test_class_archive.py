@@ -5,22 +5,24 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pyspark
 import pytest
 from click.testing import CliRunner
 
-from cdcflow.cli.prepare import _train, prepare
+from cdcflow.cli.prepare import _session_members, _train, prepare
 from cdcflow.spark.class_archive import (
     DRIVER_OPTIONS_VARIABLE,
-    EXTRA_OPTIONS,
+    SUBMIT_OPTIONS_VARIABLE,
     _identity,
     archive_path,
-    driver_java_options,
     identity_file,
+    submit_options,
 )
-from cdcflow.spark.session import _settings
+from cdcflow.spark.session import _launch_environment, _settings
 from cdcflow.spark.session import _spark_home_without_python_zips as spark_home
 
 pytestmark = pytest.mark.unit
@@ -30,6 +32,8 @@ pytestmark = pytest.mark.unit
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv(DRIVER_OPTIONS_VARIABLE, raising=False)
+    for name in (SUBMIT_OPTIONS_VARIABLE, "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS"):
+        monkeypatch.delenv(name, raising=False)
     return tmp_path / "cdcflow"
 
 
@@ -43,51 +47,91 @@ def _made(mode: int = 0o444) -> Path:
     return path
 
 
-def test_the_archive_comes_first_then_the_variable_then_the_sessions_own(
+def test_the_archive_comes_first_then_the_variable_then_what_submit_options_held(
         cache: Path, monkeypatch: pytest.MonkeyPatch):
     path = _made()
     assert path.parent == cache
-    monkeypatch.setenv(DRIVER_OPTIONS_VARIABLE, " -Xmx1g ")
-    assert driver_java_options({EXTRA_OPTIONS: "-Xss2m"}) == (
-        f"-XX:SharedArchiveFile={path} -Xmx1g -Xss2m")
-    assert _settings(False, {"spark_driver_extraJavaOptions": "-Xss4m"}, False)[
-        EXTRA_OPTIONS] == f"-XX:SharedArchiveFile={path} -Xmx1g -Xss4m"
+    monkeypatch.setenv(DRIVER_OPTIONS_VARIABLE, " -Xss2m ")
+    monkeypatch.setenv(SUBMIT_OPTIONS_VARIABLE, "-Dinherited=1")
+    assert submit_options({"spark.driver.extraJavaOptions": "-Xss4m"}) == (
+        f"-XX:SharedArchiveFile={path} -Xss2m -Dinherited=1")
+
+
+def test_a_launch_sets_submit_options_for_the_jvm_only_and_leaves_spark_options_alone(
+        cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """spark.driver.extraJavaOptions stays the caller's (a spark-defaults.conf value would be
+    overridden by one cdcflow passed as --conf)."""
+    path = _made()
+    monkeypatch.delenv(SUBMIT_OPTIONS_VARIABLE, raising=False)
+    assert "spark.driver.extraJavaOptions" not in _settings(False, {}, False)
+    with _launch_environment({}):
+        assert os.environ[SUBMIT_OPTIONS_VARIABLE] == f"-XX:SharedArchiveFile={path}"
+    assert SUBMIT_OPTIONS_VARIABLE not in os.environ
+    monkeypatch.setenv(SUBMIT_OPTIONS_VARIABLE, "-Dmine=1")
+    with _launch_environment({}):
+        assert os.environ[SUBMIT_OPTIONS_VARIABLE] == f"-XX:SharedArchiveFile={path} -Dmine=1"
+    assert os.environ[SUBMIT_OPTIONS_VARIABLE] == "-Dmine=1"
 
 
 def test_without_an_archive_only_the_given_options_are_passed(
         cache: Path, monkeypatch: pytest.MonkeyPatch):
-    assert driver_java_options({}) == ""
-    assert EXTRA_OPTIONS not in _settings(False, {}, False)
+    monkeypatch.delenv(SUBMIT_OPTIONS_VARIABLE, raising=False)
+    assert submit_options({}) == ""
     monkeypatch.setenv(DRIVER_OPTIONS_VARIABLE, "-XX:TieredStopAtLevel=1")
-    assert driver_java_options({}) == "-XX:TieredStopAtLevel=1"
+    assert submit_options({}) == "-XX:TieredStopAtLevel=1"
 
 
-@pytest.mark.parametrize("given", [
-    {"variable": "-XX:SharedArchiveFile=/elsewhere.jsa"},
-    {"variable": "-XX:ArchiveClassesAtExit=/tmp/new.jsa"},
-    {"session": "-Xshare:off"},
+@pytest.mark.parametrize("where,value", [
+    (DRIVER_OPTIONS_VARIABLE, "-XX:SharedArchiveFile=/elsewhere.jsa"),
+    (DRIVER_OPTIONS_VARIABLE, "-XX:ArchiveClassesAtExit=/tmp/new.jsa"),
+    (SUBMIT_OPTIONS_VARIABLE, "-Xshare:off"),
+    ("JAVA_TOOL_OPTIONS", "-Xshare:off"),
+    ("spark.driver.extraJavaOptions", "-Xshare:off"),
+    ("spark.driver.defaultJavaOptions", "-XX:SharedArchiveFile=/admin.jsa"),
 ])
 def test_a_caller_who_chose_class_sharing_gets_no_archive_added(
-        cache: Path, monkeypatch: pytest.MonkeyPatch, given: dict[str, str]):
+        cache: Path, monkeypatch: pytest.MonkeyPatch, where: str, value: str):
     _made()
-    if "variable" in given:
-        monkeypatch.setenv(DRIVER_OPTIONS_VARIABLE, given["variable"])
-    settings = {EXTRA_OPTIONS: given["session"]} if "session" in given else {}
-    assert "SharedArchiveFile=" + str(cache) not in driver_java_options(settings)
-    assert driver_java_options(settings) == next(iter(given.values()))
+    monkeypatch.delenv(SUBMIT_OPTIONS_VARIABLE, raising=False)
+    settings = {where: value} if where.startswith("spark.") else {}
+    if not settings:
+        monkeypatch.setenv(where, value)
+    passed_on = where in (DRIVER_OPTIONS_VARIABLE, SUBMIT_OPTIONS_VARIABLE)
+    assert submit_options(settings) == (value if passed_on else "")
 
 
-def test_an_archive_others_can_write_to_is_not_used(cache: Path):
-    _made(0o666)
-    assert driver_java_options({}) == ""
+def test_an_archive_others_can_write_to_or_swap_is_not_used(cache: Path):
+    path = _made(0o666)
+    assert submit_options({}) == ""
+    path.chmod(0o444)
+    assert submit_options({}) != ""
+    cache.chmod(0o777)  # its folder: anyone could put another file in its place
+    assert submit_options({}) == ""
 
 
-def test_an_archive_under_a_path_with_white_space_is_not_used(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "my cache"))
-    monkeypatch.delenv(DRIVER_OPTIONS_VARIABLE, raising=False)
+@pytest.mark.parametrize("folder", ["my cache", "o'brien", 'say "hi"', "back\\slash"])
+def test_an_archive_under_a_path_spark_would_split_or_unquote_is_not_used(
+        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: str):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / folder))
     _made()
-    assert driver_java_options({}) == ""  # Spark would split the option at the space
+    assert submit_options({}) == ""  # the launcher parses spaces, quotes and backslashes
+
+
+def test_a_zombie_is_not_counted_as_a_live_member_of_its_session():
+    child = subprocess.Popen(["true"], start_new_session=True)
+    stat = Path(f"/proc/{child.pid}/stat")
+    deadline = time.monotonic() + 30
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # ended, not reaped
+        assert time.monotonic() < deadline, "the child never ended"
+        time.sleep(0.01)
+    assert _session_members(child.pid) == []
+    child.wait()
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert _session_members(sleeper.pid) == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_the_archive_is_named_by_spark_and_java(cache: Path, tmp_path: Path,
