@@ -239,10 +239,14 @@ def _now() -> float:
     return to_micros(SYSTEM_CLOCK.now()) / 1e6
 
 
-def _run(*command: str) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+def _run(*command: str, busy_seconds: float = 0.0) -> None:
+    """Run `command`; while it fails as busy, again until `busy_seconds` have passed."""
+    deadline = time.monotonic() + busy_seconds
+    while (result := subprocess.run(command, capture_output=True, text=True, timeout=60,
+                                    check=False)).returncode != 0:
+        if "busy" not in result.stderr or time.monotonic() > deadline:
+            raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+        time.sleep(0.05)
 
 
 # ---- faults ---------------------------------------------------------------------------------
@@ -322,11 +326,12 @@ def _disk_full(rig: Rig) -> float:
 def _read_only(rig: Rig) -> float:
     """The destination folder becomes read-only for a while: a read-only bind mount over it
     (a remount of the tmpfs itself is refused while a file is open for writing), then
-    unmounted."""
+    unmounted. A writer that opens a file through the new mount before it turns read-only
+    makes that remount busy until it closes the file: it is tried again meanwhile."""
     began = _now()
     _run("mount", "--bind", str(rig.dest), str(rig.dest))
     try:
-        _run("mount", "-o", "remount,bind,ro", str(rig.dest))
+        _run("mount", "-o", "remount,bind,ro", str(rig.dest), busy_seconds=30)
         wait_for(lambda: rig.failed_with("read-only", began), 180,
                  "a stream to fail on the read-only folder", rig.recent_errors)
         before = rig.batches()
