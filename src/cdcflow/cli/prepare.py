@@ -30,6 +30,7 @@ from cdcflow.spark.class_archive import (
     outdated,
     usable_archive,
 )
+from cdcflow.streams.lease import stat_fields
 
 TRAINING_SECONDS = "3"
 
@@ -38,15 +39,10 @@ def _session_members(session_id: int) -> list[int]:
     """Live processes whose session is `session_id`, from /proc (fields 3 and 6 of each
     stat). An ended JVM whose parent is gone stays a zombie where nobody reaps orphans."""
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it ended meanwhile
-            continue
-        if int(fields[3]) == session_id and fields[0] != "Z":  # a zombie has ended
-            members.append(int(entry.name))
+    for pid in (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()):
+        fields = stat_fields(pid)  # None: it ended meanwhile
+        if fields is not None and int(fields[3]) == session_id and fields[0] != "Z":
+            members.append(pid)  # a zombie has ended
     return members
 
 

@@ -98,8 +98,10 @@ def outdated(archive: Path) -> bool:
     try:
         made_for = json.loads(identity_file(archive).read_text())
         jars, java = Path(made_for["jars"]), Path(made_for["java"])
-        return not (jars.is_dir() and java.is_file()) or \
-            _identity(jars, java) != {k: made_for[k] for k in _identity(jars, java)}
+        if not (jars.is_dir() and java.is_file()):
+            return True
+        now = _identity(jars, java)
+        return now != {key: made_for[key] for key in now}
     except (OSError, ValueError, KeyError, TypeError):  # none, or not ours: keep it
         return False
 

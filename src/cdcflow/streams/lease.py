@@ -117,9 +117,15 @@ def holder_pid(holder: str) -> int | None:
 def process_state(pid: int) -> tuple[str, int] | None:
     """A live or zombie process's state letter ("Z": a zombie) and parent pid, from
     /proc; None when there is no such process (or no /proc)."""
+    fields = stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[1]))
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name: state, parent pid, process
+    group, session...; None when there is no such process (or no /proc)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            fields = stat.read().rpartition(")")[2].split()
+            return stat.read().rpartition(")")[2].split()
     except OSError:
         return None
-    return fields[0], int(fields[1])

@@ -24,6 +24,7 @@ from cdcflow.spark.class_archive import (
 )
 from cdcflow.spark.session import _launch_environment, _settings
 from cdcflow.spark.session import _spark_home_without_python_zips as spark_home
+from cdcflow.streams.lease import process_state
 
 pytestmark = pytest.mark.unit
 
@@ -119,9 +120,8 @@ def test_an_archive_under_a_path_spark_would_split_or_unquote_is_not_used(
 
 def test_a_zombie_is_not_counted_as_a_live_member_of_its_session():
     child = subprocess.Popen(["true"], start_new_session=True)
-    stat = Path(f"/proc/{child.pid}/stat")
     deadline = time.monotonic() + 30
-    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # ended, not reaped
+    while (process_state(child.pid) or ("gone", 0))[0] != "Z":  # ended, not reaped
         assert time.monotonic() < deadline, "the child never ended"
         time.sleep(0.01)
     assert _session_members(child.pid) == []
