@@ -38,7 +38,6 @@ from cdcflow.table.layout import (
     Manifest,
     conform,
     read_file,
-    read_manifest,
     write_file,
     write_patch,
 )
@@ -53,6 +52,7 @@ from cdcflow.table.merge import (
 )
 from cdcflow.table.patching import RangePatch, patch_range, patchable
 from cdcflow.table.pending import pending_path, pending_schema
+from cdcflow.table.snapshots import newest, newest_manifest
 
 JOB = "cdcflow.job"
 CHECKPOINT_INTERVAL = 100
@@ -77,7 +77,7 @@ class ApplyPlan:
 
 
 def _pending_files(root: Path) -> list[tuple[str, int]]:
-    actions = pa.table(DeltaTable(pending_path(root)).get_add_actions(flatten=True)).to_pylist()
+    actions = pa.table(newest(pending_path(root)).get_add_actions(flatten=True)).to_pylist()
     return sorted((a["path"], a["size_bytes"]) for a in actions)
 
 
@@ -143,7 +143,7 @@ def plan_apply(root: Path, schema: pa.Schema, primary_key: tuple[str, ...], now_
     # Pending files first: an apply commits its manifest before it drops the files it
     # applied, so a file missing from this list is in the manifest read after it.
     pending = _pending_files(root)
-    manifest = read_manifest(DeltaTable(str(root)))
+    manifest = newest_manifest(root)
     unapplied = [p for p, _ in pending if p not in manifest.applied_pending]
     changes = load_changes(root, unapplied, schema)
     if only_keys is not None:
@@ -291,7 +291,7 @@ def load_sorted(root: Path, data: pa.Table, primary_key: tuple[str, ...], target
         "_deleted_at": pa.nulls(rows, pa.int64()),
     }
     state = pa.Table.from_pydict(state_columns, schema=state_schema(data.schema, primary_key))
-    plan = ApplyPlan(read_manifest(DeltaTable(str(root))), [], rows)
+    plan = ApplyPlan(newest_manifest(root), [], rows)
     now_ms = to_micros(clock.now()) // 1000
     entries, actions = [], []
     for start in range(0, rows, target_rows):

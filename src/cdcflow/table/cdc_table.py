@@ -36,9 +36,10 @@ from cdcflow.table.apply import (
 )
 from cdcflow.table.arrow_types import check_schema, schema_from_ddl
 from cdcflow.table.delta_log import supports_vectors
-from cdcflow.table.layout import conform, read_data, read_file, read_manifest
+from cdcflow.table.layout import conform, read_data, read_file
 from cdcflow.table.merge import key_array
 from cdcflow.table.metadata import TableOptions, load_options, save_options
+from cdcflow.table.snapshots import newest, newest_manifest
 
 
 class CdcTable:
@@ -92,7 +93,7 @@ class CdcTable:
 
     @property
     def schema(self) -> pa.Schema:
-        return pa.schema(DeltaTable(str(self.root)).schema().to_arrow())
+        return pa.schema(newest(self.root).schema().to_arrow())
 
     @property
     def primary_key(self) -> tuple[str, ...]:
@@ -111,7 +112,7 @@ class CdcTable:
     @property
     def upsert_stream_apply_watermark(self) -> datetime | None:
         """The time up to which streamed changes are applied; None before any apply."""
-        watermark = read_manifest(DeltaTable(str(self.root))).watermark
+        watermark = newest_manifest(self.root).watermark
         return None if watermark is None else from_micros(watermark)
 
     def add_columns(self, fields: list[pa.Field]) -> list[str]:
@@ -182,20 +183,20 @@ class CdcTable:
 
     def has_pending_changes(self) -> bool:
         paths = _pending_paths(self.root)  # before the manifest: see plan_apply
-        manifest = read_manifest(DeltaTable(str(self.root)))
+        manifest = newest_manifest(self.root)
         return any(p not in manifest.applied_pending for p in paths)
 
     def pending_row_count(self) -> int:
         """Rows appended and not applied yet."""
-        actions = pa.table(DeltaTable(pending.pending_path(self.root)).get_add_actions(
+        actions = pa.table(newest(pending.pending_path(self.root)).get_add_actions(
             flatten=True)).to_pylist()
-        manifest = read_manifest(DeltaTable(str(self.root)))
+        manifest = newest_manifest(self.root)
         return sum(int(a.get("num_records") or 0) for a in actions
                    if a["path"] not in manifest.applied_pending)
 
     def is_within_staleness(self) -> bool:
         staleness = self._options.max_staleness_seconds
-        watermark = read_manifest(DeltaTable(str(self.root))).watermark
+        watermark = newest_manifest(self.root).watermark
         if staleness is None or watermark is None:
             return False
         age = to_micros(self.clock.now()) - watermark
@@ -213,10 +214,10 @@ class CdcTable:
     def _baseline(self) -> pa.Table:
         """The applied rows. Ranges with a deletion vector are read through the manifest:
         deltalake's pyarrow reader refuses tables that have them."""
-        table = DeltaTable(str(self.root))
+        table = newest(self.root)
         if not supports_vectors(table):
             return table.to_pyarrow_table()
-        return self._merged(ApplyPlan(read_manifest(table), [], 0))
+        return self._merged(ApplyPlan(newest_manifest(self.root), [], 0))
 
     def _merged(self, plan: ApplyPlan) -> pa.Table:
         schema = self.schema
@@ -230,7 +231,7 @@ class CdcTable:
         """The applied rows, one key range's file at a time (memory bounded by a range), from
         one manifest: what `to_arrow` returns when nothing is pending."""
         schema = self.schema
-        for entry in read_manifest(DeltaTable(str(self.root))).files:
+        for entry in newest_manifest(self.root).files:
             yield conform(read_data(self.root, entry, schema), schema)
 
     def bulk_load(self, rows: pa.Table) -> dict[str, Any]:
@@ -239,7 +240,7 @@ class CdcTable:
         unique; their order is the lowest (an empty sequence number), so any streamed change
         of the same key wins."""
         with apply_lock(self.root):
-            if read_manifest(DeltaTable(str(self.root))).files:
+            if newest_manifest(self.root).files:
                 raise FailedPrecondition(f"bulk_load needs an empty table; {self.root} has rows")
             schema, key_columns = self.schema, self.primary_key
             data = rows.select(schema.names).cast(schema)
@@ -305,9 +306,9 @@ class CdcTable:
     def to_spark(self, spark: Any) -> Any:
         """A Spark DataFrame of `to_arrow()`'s view (baseline files read by Spark directly)."""
         if self.is_within_staleness() or not self.has_pending_changes():
-            table = DeltaTable(str(self.root))
+            table = newest(self.root)
             uris = table.file_uris()
-            if uris and not any(f.merge_on_read for f in read_manifest(table).files):
+            if uris and not any(f.merge_on_read for f in newest_manifest(self.root).files):
                 return spark.read.parquet(*uris)
         return spark.createDataFrame(self.to_arrow())
 
@@ -384,7 +385,7 @@ class Connection:
 
 
 def _pending_paths(root: Path) -> list[str]:
-    actions = pa.table(DeltaTable(pending.pending_path(root)).get_add_actions(flatten=True))
+    actions = pa.table(newest(pending.pending_path(root)).get_add_actions(flatten=True))
     return [str(p) for p in actions.column("path").to_pylist()]
 
 

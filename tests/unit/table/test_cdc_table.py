@@ -271,18 +271,18 @@ def test_a_lookup_racing_an_apply_sees_the_applied_changes(tmp_path: Path,
     table.apply()
     table.connection().append([{"id": 1, "name": "b", "salary": 2, "_CHANGE_TYPE": "UPSERT",
                                 "_CHANGE_SEQUENCE_NUMBER": "2"}])
-    real = apply_module.read_manifest
+    real = apply_module.newest_manifest
     raced = []
 
-    def racing(delta: Any) -> Any:  # another process's apply commits right after this look
-        seen = real(delta)
+    def racing(root: Any) -> Any:  # another process's apply commits right after this look
+        seen = real(root)
         if not raced:
             raced.append(True)
-            monkeypatch.setattr(apply_module, "read_manifest", real)
+            monkeypatch.setattr(apply_module, "newest_manifest", real)
             CdcTable.open(tmp_path / "t").apply()
         return seen
 
-    monkeypatch.setattr(apply_module, "read_manifest", racing)
+    monkeypatch.setattr(apply_module, "newest_manifest", racing)
     assert table.lookup([(1,)])[(1,)]["name"] == "b"
     assert raced
 
