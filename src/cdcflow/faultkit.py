@@ -25,13 +25,14 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.faultkit_figures import figures
-from cdcflow.faultkit_pg import PG_KINDS, PG_NAME, Companion, PostgresSide
+from cdcflow.faultkit_pg import APPLY_STALENESS_SECONDS, PG_KINDS, PG_NAME, Companion, PostgresSide
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.database import Database
@@ -119,7 +120,8 @@ class Rig:
             "name": NAME, "source": {"database": self.db_path, "change_stream": "Everything"},
             "backfill": "all",
             "destinations": [
-                {"kind": "cdc_table", "warehouse": str(self.dest / "warehouse")},
+                {"kind": "cdc_table", "warehouse": str(self.dest / "warehouse"),
+                 "max_staleness_seconds": APPLY_STALENESS_SECONDS},
                 {"kind": "event_files", "root": str(self.dest / "events"), "max_events": 500}],
             "spark": {"trigger_seconds": 0.3, "max_records_per_trigger": 300}}))
         self.catalog.act(NAME, "start")
@@ -285,7 +287,7 @@ def _moment_to_kill(rig: Rig, kind: str) -> None:
     elif kind == "kill-mid-apply":
         _when(lambda: _apply_running(rig.dest), 30)
     else:
-        _when(lambda: any(rig.dest.glob("*events/**/.*.tmp")), 30)
+        _when(lambda: _event_write_running(rig.dest), 30)
 
 
 def _when(condition: Any, seconds: float) -> bool:
@@ -306,6 +308,33 @@ def _apply_running(dest: Path) -> bool:
             except BlockingIOError:
                 return True
             fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def _event_write_running(dest: Path) -> bool:
+    """Whether an event file or a batch manifest is being written: a `.<name>.tmp` in a
+    `_manifests` folder or in an object's folder of this minute or the one before (events
+    go by their commit's minute). Only those folders are read, so that the moment, a few
+    microseconds per file, is not missed while a glob walks every folder written so far."""
+    now = SYSTEM_CLOCK.now()
+    minutes = {moment.strftime("%Y/%m/%d/%H/%M") for moment in (now, now - timedelta(minutes=1))}
+    for stream in [s for root in dest.glob("*events") for s in _folders(root)]:
+        folders = [stream / "_manifests"] + [obj / minute for obj in _folders(stream)
+                                             for minute in minutes]
+        if any(_writing_in(folder) for folder in folders):
+            return True
+    return False
+
+
+def _folders(folder: Path) -> list[Path]:
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        return [Path(e.path) for e in entries if e.is_dir() and not e.name.startswith("_")]
+    return []
+
+
+def _writing_in(folder: Path) -> bool:
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        return any(e.name.startswith(".") and e.name.endswith(".tmp") for e in entries)
     return False
 
 

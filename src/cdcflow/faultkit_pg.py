@@ -40,6 +40,10 @@ PASSWORD_ENV = PG_PASSWORD_ENV
 
 Wait = Callable[[Callable[[], Any], float, str], None]
 
+APPLY_STALENESS_SECONDS = 4.0
+"""The campaign's CDC tables' max_staleness: the runner applies them every 2 s (not every
+10 s, as without one), so a kill mid-apply finds its moment soon."""
+
 
 class PostgresSide:
     def __init__(self, dest: Path, wait: Wait, now: Callable[[], float]) -> None:
@@ -59,7 +63,8 @@ class PostgresSide:
             "source": {"kind": "postgres", "dsn": self.server.dsn(), "heartbeat_seconds": 1,
                        "password_env": PASSWORD_ENV},
             "destinations": [
-                {"kind": "cdc_table", "warehouse": str(self.dest / "pg-warehouse")},
+                {"kind": "cdc_table", "warehouse": str(self.dest / "pg-warehouse"),
+                 "max_staleness_seconds": APPLY_STALENESS_SECONDS},
                 {"kind": "event_files", "root": str(self.dest / "pg-events"),
                  "max_events": 500}],
             "spark": {"trigger_seconds": 0.3, "max_records_per_trigger": 300}}))

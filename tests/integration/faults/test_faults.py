@@ -4,13 +4,10 @@ embedded side) stream from the embedded database and from PostgreSQL into CDC ta
 event files; each mended as a user would. At the end, each stream drained and checked by
 `cdcflow verify`: nothing lost, nothing duplicated.
 
-EACH of the full disk and the read-only folder, and RUNNER_KILLS of each of the three kinds
-that kill `cdcflow run` with its JVM, spread among the others. Each of these 48 lands with a
-PostgreSQL fault for company, the killed capture worker and the restarted server in turn, so
-those two get 24 each. The suite's 25 minutes set the counts: a runner kill costs a JVM start
-and the streams' first batches (recovery p50 about 7 s with the class archive `make test`
-prepares). 20 of every kind, 200 faults, took 835 s here with make test's settings, and lost
-and duplicated nothing: that is `bench/faults.py --faults 100 --postgres`."""
+EACH (20) of the full disk, the read-only folder, and each of the three kinds that kill
+`cdcflow run` with its JVM (spread among the others). Each of these 100 lands with a
+PostgreSQL fault for company, the killed capture worker and the restarted server in turn,
+so those two get 50 each: 200 faults, what `bench/faults.py --faults 100 --postgres` runs."""
 
 from __future__ import annotations
 
@@ -21,18 +18,16 @@ import pytest
 from cdcflow.faultkit import Campaign, run_campaign
 from cdcflow.faultkit_pg import PG_KINDS
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
-EACH = 12
-RUNNER_KILLS = 8
-PG_EACH = 20
-COUNTS = {"kill-runner": RUNNER_KILLS, "kill-mid-apply": RUNNER_KILLS,
-          "kill-mid-events": RUNNER_KILLS, "disk-full": EACH, "read-only": EACH}
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+EACH = 20
+COUNTS = {"kill-runner": EACH, "kill-mid-apply": EACH, "kill-mid-events": EACH,
+          "disk-full": EACH, "read-only": EACH}
 
 
 def test_a_short_fault_campaign_loses_and_duplicates_nothing(tmp_path: Path):
     result = run_campaign(Campaign(tmp_path, counts=COUNTS, seed=3, postgres=True))
     assert {kind: result["faults"][kind] for kind in COUNTS} == COUNTS
-    assert all(result["faults"][kind] >= PG_EACH for kind in PG_KINDS), result["faults"]
+    assert all(result["faults"][kind] >= EACH for kind in PG_KINDS), result["faults"]
     assert result["verify_equal"], result["verify"]
     assert (result["changes_lost"], result["changes_duplicated"]) == (0, 0), result
     assert result["duplicate_event_uuids"] == 0
