@@ -32,7 +32,14 @@ from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.faultkit_figures import figures
-from cdcflow.faultkit_pg import APPLY_STALENESS_SECONDS, PG_KINDS, PG_NAME, Companion, PostgresSide
+from cdcflow.faultkit_pg import (
+    APPLY_STALENESS_SECONDS,
+    PG_KINDS,
+    PG_NAME,
+    STREAM_SPARK,
+    Companion,
+    PostgresSide,
+)
 from cdcflow.model.partitions import PartitionPolicy
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.database import Database
@@ -123,7 +130,7 @@ class Rig:
                 {"kind": "cdc_table", "warehouse": str(self.dest / "warehouse"),
                  "max_staleness_seconds": APPLY_STALENESS_SECONDS},
                 {"kind": "event_files", "root": str(self.dest / "events"), "max_events": 500}],
-            "spark": {"trigger_seconds": 0.3, "max_records_per_trigger": 300}}))
+            "spark": STREAM_SPARK}))
         self.catalog.act(NAME, "start")
         if self.pg is not None:
             self.pg.setup(self.catalog)

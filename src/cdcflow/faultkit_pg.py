@@ -40,6 +40,8 @@ PASSWORD_ENV = PG_PASSWORD_ENV
 
 Wait = Callable[[Callable[[], Any], float, str], None]
 
+STREAM_SPARK = {"trigger_seconds": 0.3, "max_records_per_trigger": 300}
+"""The Spark options of the campaign's streams."""
 APPLY_STALENESS_SECONDS = 4.0
 """The campaign's CDC tables' max_staleness: the runner applies them every 2 s (not every
 10 s, as without one), so a kill mid-apply finds its moment soon."""
@@ -67,7 +69,7 @@ class PostgresSide:
                  "max_staleness_seconds": APPLY_STALENESS_SECONDS},
                 {"kind": "event_files", "root": str(self.dest / "pg-events"),
                  "max_events": 500}],
-            "spark": {"trigger_seconds": 0.3, "max_records_per_trigger": 300}}))
+            "spark": STREAM_SPARK}))
         catalog.act(PG_NAME, "start")
 
     def dsn(self) -> str:
