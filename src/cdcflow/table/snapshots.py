@@ -5,19 +5,23 @@ CDC table's pending log, which a running stream commits to on every batch. A str
 batches and its apply jobs read the same few tables over and over, so `newest` keeps one
 handle per table and thread (a handle is not shared between threads) and brings it up to
 date with `update_incremental`, which reads only the commits since; when the commit file of
-the next version does not exist, the handle is the newest version already (Delta writes its
-commits one after another, each as one file), and nothing is read at all.
+the next version does not exist, and no checkpoint is newer than the handle, the handle is
+the newest version already (Delta writes its commits one after another, each as one file),
+and nothing more is read.
 
 A handle is used again only while the commit file of the version it holds is the very file
 it was (same inode, size and modification time). A table deleted and created again under
 the same path has other commit files, and a log cleaned up past that version has none: the
-table is then loaded anew. Tables that are not local files (an object store URI) are always
+table is then loaded anew. (A filesystem whose modification times are coarse could show a
+table deleted and created again within one tick as the same file; cdcflow never does that
+to a table it streams into.) Tables that are not local files (an object store URI) are always
 loaded anew. Callers read the handle; they never move it to another version or write
 through it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -64,6 +68,24 @@ def _commit_file(path: str, version: int) -> str:
     return os.path.join(path, "_delta_log", f"{version:020d}.json")
 
 
+def _no_commit_since(path: str, version: int) -> bool:
+    """Whether `version` is the newest: the next commit file does not exist, and no checkpoint
+    after `version` exists either. (A log cleanup deletes the commit files older than the
+    newest checkpoint, in no set order, and a killed one stops half-way: the file after an
+    old version may be gone while the old version's is not. A cleanup comes after the
+    checkpoint it keeps, so `_last_checkpoint` is read after the commit file is looked for.)"""
+    if os.path.exists(_commit_file(path, version + 1)):
+        return False
+    try:
+        with open(os.path.join(path, "_delta_log", "_last_checkpoint"), "rb") as handle:
+            checkpoint = json.loads(handle.read())["version"]
+    except FileNotFoundError:
+        return True  # never checkpointed: never cleaned up
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # unreadable now: bring it up to date the long way
+    return isinstance(checkpoint, int) and checkpoint <= version
+
+
 def _cached(path: str | Path) -> _Cached:
     """This thread's handle of `path` brought up to date, or the table loaded anew (and
     kept, when it is a local table)."""
@@ -71,8 +93,8 @@ def _cached(path: str | Path) -> _Cached:
     handles = _handles()
     cached = handles.get(key)
     if cached is not None and _stamp(key, cached.table.version()) == cached.stamp:
-        if not os.path.exists(_commit_file(key, cached.table.version() + 1)):
-            handles.move_to_end(key)  # no commit since: it is the newest version
+        if _no_commit_since(key, cached.table.version()):
+            handles.move_to_end(key)
             return cached
         try:
             cached.table.update_incremental()

@@ -91,3 +91,19 @@ def test_the_manifest_follows_applies(tmp_path: Path):
     table.apply()
     assert newest_manifest(table.root).version > manifest.version
     assert table.lookup([(1,)]) == {}
+
+
+def test_a_log_cleanup_that_left_the_old_commit_behind_does_not_hide_newer_ones(tmp_path: Path):
+    """A cleanup deletes the commit files older than the newest checkpoint in no set order,
+    and a killed one stops half-way: the handle's own commit file may stay while the next
+    one is gone. The checkpoint tells that the handle is old."""
+    path = tmp_path / "t"
+    _commits(path, 5)
+    held = newest(path)
+    assert held.version() == 4
+    _commits(path, 25)
+    DeltaTable(str(path)).create_checkpoint()
+    for version in range(5, 19):  # a cleanup cut short: 4.json is still there
+        (path / "_delta_log" / f"{version:020d}.json").unlink()
+    found = newest(path)
+    assert found.version() == 29 and found.to_pyarrow_table().num_rows == 60
