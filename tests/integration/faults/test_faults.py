@@ -11,7 +11,7 @@ so those two get 30 each. One more runner stands by, as a user who wants fast fa
 would run it: it takes a killed runner's streams over, and the runner started again stands
 by in its turn (test_runner_crash.py covers a runner started again that takes over).
 The suite's 25 minutes set the counts: 20 of every kind took 752 s in the suite without a
-standby, and would put `make test` at about 29 minutes."""
+standby: pytest alone took 28.7 minutes."""
 
 from __future__ import annotations
 
