@@ -102,9 +102,8 @@ def _cached(path: str | Path) -> _Cached:
             cached = None
         else:
             stamp = _stamp(key, cached.table.version())
-            if stamp is not None:
-                if stamp != cached.stamp:
-                    cached.stamp, cached.manifest = stamp, None
+            if stamp is not None:  # (a kept manifest tells its version: newest_manifest)
+                cached.stamp = stamp
                 handles.move_to_end(key)
                 return cached
     handles.pop(key, None)
