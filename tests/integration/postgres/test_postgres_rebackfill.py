@@ -79,8 +79,7 @@ def test_a_table_backfilled_again_while_streaming_equals_the_source(
         spark: Any, pg: LocalPostgres, pg_conn: Any, tmp_path: Path):
     with pg_conn.cursor() as cur:
         cur.execute("CREATE TABLE items (id int PRIMARY KEY, v int, pad text);"
-                    "CREATE TABLE notes (body text);"
-                    f"INSERT INTO items SELECT g, g, 'p' FROM generate_series(1, {ROWS}) g")
+                    "CREATE TABLE notes (body text)")
     catalog_path, catalog, stop, thread = start_stream(tmp_path, "pg-again", pg, spark,
                                                        chunk_rows=50)
     writing = threading.Event()
@@ -88,6 +87,9 @@ def test_a_table_backfilled_again_while_streaming_equals_the_source(
     try:
         wait(lambda: catalog.get("pg-again").state.value == "RUNNING", "RUNNING", 180)
         table = CdcTable.open(tmp_path / "warehouse" / "public.items")
+        with pg_conn.cursor() as cur:  # streamed (a backfill of 50-row chunks takes long)
+            cur.execute(f"INSERT INTO items SELECT g, g, 'p' FROM generate_series(1, {ROWS}) g")
+        wait(lambda: len(table.lookup([(ROWS,)])), "the rows inserted first", 120)
         with pg_conn.cursor() as cur:  # the table diverges: the TRUNCATE is not applied
             cur.execute("TRUNCATE items; INSERT INTO items SELECT g, -g, 'again' "
                         "FROM generate_series(1, 8000) g")
@@ -130,10 +132,9 @@ def test_a_table_dropped_mid_request_fails_the_request_and_capture_goes_on(
         spark: Any, pg: LocalPostgres, pg_conn: Any, tmp_path: Path):
     with pg_conn.cursor() as cur:
         cur.execute("CREATE TABLE doomed (id int PRIMARY KEY, v int);"
-                    "CREATE TABLE kept (id int PRIMARY KEY, v int);"
-                    "INSERT INTO doomed SELECT g, g FROM generate_series(1, 20000) g")
-    catalog_path, catalog, stop, thread = start_stream(tmp_path, "pg-again", pg, spark,
-                                                       chunk_rows=50)
+                    "CREATE TABLE kept (id int PRIMARY KEY, v int)")
+    catalog_path, catalog, stop, thread = start_stream(
+        tmp_path, "pg-again", pg, spark, ("public.doomed", "public.kept"), chunk_rows=50)
 
     def lands(key: int) -> None:
         with pg_conn.cursor() as cur:
@@ -143,6 +144,8 @@ def test_a_table_dropped_mid_request_fails_the_request_and_capture_goes_on(
 
     try:
         wait(lambda: catalog.get("pg-again").state.value == "RUNNING", "RUNNING", 180)
+        with pg_conn.cursor() as cur:  # streamed, not backfilled: the request reads them
+            cur.execute("INSERT INTO doomed SELECT g, g FROM generate_series(1, 20000) g")
         request = cli(catalog_path, "backfill", "pg-again", "public.doomed")
         wait(lambda: progress(catalog).get("chunks", 0) >= 2, "two chunks read again")
         with pg_conn.cursor() as cur:

@@ -47,11 +47,13 @@ def wait(condition: Any, what: str, seconds: float = 120) -> Any:
     return value
 
 
-def write_definition(folder: Path, name: str, pg: LocalPostgres, **source: Any) -> Path:
-    """A stream of every table of `public` into CDC tables and JSON events under `folder`."""
+def write_definition(folder: Path, name: str, pg: LocalPostgres,
+                     include: tuple[str, ...] = ("public.*",), **source: Any) -> Path:
+    """A stream of every table of `public` (or of `include`) into CDC tables and JSON events
+    under `folder`."""
     definition = folder / "pg.yaml"
     definition.write_text(yaml.safe_dump({
-        "name": name, "backfill": "all", "include": ["public.*"],
+        "name": name, "backfill": "all", "include": list(include),
         "source": {"kind": "postgres", "dsn": pg.dsn(), "heartbeat_seconds": 1,
                    "password_env": "CDCFLOW_TEST_PG_PASSWORD", **source},
         "destinations": [{"kind": "cdc_table", "warehouse": str(folder / "warehouse")},
@@ -60,12 +62,13 @@ def write_definition(folder: Path, name: str, pg: LocalPostgres, **source: Any) 
     return definition
 
 
-def start_stream(folder: Path, name: str, pg: LocalPostgres, spark: Any, **source: Any
+def start_stream(folder: Path, name: str, pg: LocalPostgres, spark: Any,
+                 include: tuple[str, ...] = ("public.*",), **source: Any
                  ) -> tuple[Path, Catalog, threading.Event, threading.Thread]:
     """Create and start the stream through the CLI, and run a runner on a thread until the
     returned event is set."""
     catalog_path = folder / "catalog.db"
-    cli(catalog_path, "create", str(write_definition(folder, name, pg, **source)))
+    cli(catalog_path, "create", str(write_definition(folder, name, pg, include, **source)))
     cli(catalog_path, "start", name)
     runner = Runner(catalog_path, spark, poll_seconds=0.2, backoff_seconds=0.2)
     stop = threading.Event()
