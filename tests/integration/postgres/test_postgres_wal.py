@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cdcflow.clock import FakeClock
 from cdcflow.localdb import LocalPostgres
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.runner import Runner
+from cdcflow.streams.source_watch import SOURCE_STATUS_SECONDS
 from cdcflow.streams.sources import open_source
 from cdcflow.streams.workers import run_capture
 
@@ -88,3 +91,34 @@ def test_a_paused_stream_holding_wal_is_warned_about(pg: LocalPostgres, pg_conn:
     assert "paused stream's slot holds" in warning
     assert [e["message"] for e in catalog.errors("paused")] == [warning]
     source.drop_slot()
+
+
+def test_a_source_away_is_said_in_the_status_and_fails_no_stream(pg: LocalPostgres,
+                                                                  pg_conn: Any, tmp_path: Path):
+    """The server restarts under the runner's look at the slot: the status says the source is
+    away, the stream keeps its state and records no error, and the next look connects
+    again (a restart failed the campaign's stream for good once, three such in a row)."""
+    stream = definition(pg, tmp_path, "away", slot="away_slot", publication="away_pub")
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS watched (id int PRIMARY KEY)")
+    source = open_source(stream, tmp_path)
+    source.release(source.snapshot([o for o in source.discover()
+                                    if o.name == "public.watched"], None))
+    clock = FakeClock()
+    catalog = Catalog(tmp_path / "catalog.db", clock)
+    catalog.create(stream)
+    catalog.act("away", "start")
+    catalog.act("away", "pause")
+    runner = Runner(tmp_path / "catalog.db", spark=None, clock=clock)
+    runner.step()
+    assert catalog.status("away")["source"]["slot"] == "away_slot"
+    pg.restart("fast")
+    clock.advance(timedelta(seconds=SOURCE_STATUS_SECONDS))
+    runner.step()
+    said = catalog.status("away")["source"]
+    assert "reading the status of replication slot 'away_slot'" in said["error"], said
+    assert catalog.get("away").state.value == "PAUSED" and catalog.errors("away") == []
+    clock.advance(timedelta(seconds=SOURCE_STATUS_SECONDS))
+    runner.step()
+    assert catalog.status("away")["source"]["slot"] == "away_slot"
+    open_source(stream, tmp_path).drop_slot()  # the first one's connection died

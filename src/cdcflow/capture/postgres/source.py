@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import psycopg2
 from psycopg2 import sql
 
 from cdcflow.capture.postgres.catalog import PgTable, TypeCache, read_tables, source_object
@@ -227,12 +228,21 @@ class PostgresSource:
         return self.slot_status() | {"warn_above": self.config.retained_wal_warning_bytes}
 
     def slot_status(self) -> dict[str, Any]:
-        """The slot's retained WAL: the server's WAL position minus its confirmed flush."""
-        with self._conn().cursor() as cur:
-            cur.execute("SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), "
-                        "confirmed_flush_lsn)::bigint, confirmed_flush_lsn::text "
-                        "FROM pg_replication_slots WHERE slot_name = %s", (self.config.slot,))
-            row = cur.fetchone()
+        """The slot's retained WAL: the server's WAL position minus its confirmed flush.
+        A server that went away (restarted, say) is Unavailable, and the next call connects
+        again."""
+        conn = self._conn()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), "
+                            "confirmed_flush_lsn)::bigint, confirmed_flush_lsn::text "
+                            "FROM pg_replication_slots WHERE slot_name = %s",
+                            (self.config.slot,))
+                row = cur.fetchone()
+        except psycopg2.Error as error:
+            conn.close()
+            raise typed(error, f"reading the status of replication slot "
+                               f"{self.config.slot!r}") from None
         if row is None:
             raise NotFound(f"replication slot {self.config.slot!r} does not exist")
         return {"slot": self.config.slot, "active": row[0], "retained_wal_bytes": row[1],
