@@ -73,9 +73,13 @@ def supervise(catalog_path: str, stop: threading.Event, spark: Any, every: float
 
 
 def _report_standby(runner: Runner, stop: threading.Event) -> None:
-    """A line on stderr whenever this runner starts or stops waiting for the lease."""
-    waiting = False
+    """A line on stderr whenever this runner starts or stops waiting for the lease, and one
+    when its standby warm-up is over."""
+    waiting, warm_told = False, False
     while not stop.wait(0.5):
+        if runner.warm_up.result is not None and not warm_told:
+            warm_told = True
+            click.echo(f"standby: {_warm_up_line(runner.warm_up.result)}", err=True)
         other = runner.lease.other
         if (other is not None) != waiting:
             waiting = other is not None
@@ -83,6 +87,15 @@ def _report_standby(runner: Runner, stop: threading.Event) -> None:
                        "takes its streams over if it stops renewing it" if other else
                        "this runner holds the catalog's lease and drives its streams",
                        err=True)
+
+
+def _warm_up_line(warm_up: dict[str, Any]) -> str:
+    if "seconds" in warm_up:
+        return (f"warmed up in {warm_up['seconds']:.1f} s with a throwaway stream: a takeover "
+                "starts warm")
+    if "skipped" in warm_up:
+        return f"no warm-up: {warm_up['skipped']}"
+    return f"the warm-up failed ({warm_up['error']}): a takeover starts cold"
 
 
 @click.command()

@@ -96,6 +96,19 @@ def stop_between_batches(query: Any, control: QueryControl | None, until: int | 
         query.stop()
 
 
+def batch_timing(query: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """Where a batch's time went: cdcflow's fold and writes (this batch), and Spark's own
+    phases of the previous trigger (its progress report: planning, offset and commit logs)."""
+    timing: dict[str, Any] = {"write_ms": round(result["seconds"] * 1000, 1)}
+    try:
+        progress = query.lastProgress if query is not None else None
+    except Exception:  # the query is stopping: its last report is gone with it
+        progress = None
+    if progress:
+        timing["spark_ms"] = dict(progress.get("durationMs") or {})
+    return timing
+
+
 def committed_micros(query: Any) -> int | None:
     """How far the query's last finished batch read the log: every record at or before this
     commit time (micros) is written to its destinations. None before its first batch."""

@@ -3,11 +3,14 @@
 The holder renews the lease from a heartbeat thread, three times per `seconds`, so a long
 turn of its loop (a Spark query starting, say) does not let it lapse; the heartbeat stops
 renewing when the loop has not turned for STALL_SECONDS (a hung runner). Another runner
-waits in standby and takes the lease over once it has expired: a runner that was killed,
-or hung, has its streams taken over. A holder on this machine whose process is gone (killed)
-is taken over at once, without waiting for its lease to expire: a standby looks every
-second. A runner that finds the lease held by another stops everything it drove before it
-waits. Times are the catalog's clock.
+waits in standby and takes the lease over once it has expired: a runner that was killed, or
+hung, has its streams taken over. A holder on this machine whose process is gone (killed) is
+taken over at once, without waiting for its lease to expire: a standby looks at the catalog
+every second, and at such a holder's process (in /proc) ten times a second. A standby that
+is not `eager` (still warming up, `cdcflow.streams.warmup`) leaves a dead holder's lease to
+an eager one until the lease expires: a warm standby takes over first. A runner that finds
+the lease held by another stops everything it drove before it waits. Times are the catalog's
+clock.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from cdcflow.streams.catalog import Catalog
 
 STALL_SECONDS = 600.0
 STANDBY_POLL_SECONDS = 1.0
-"""How often a standby looks at the lease at most: a holder on this machine that has died is
-taken over within about this long, whatever the lease's length."""
+"""How often a standby looks at the lease in the catalog at most, whatever the lease's
+length."""
+LOCAL_WATCH_SECONDS = 0.1
+"""How often a standby looks whether a holder on this machine is still alive, which costs a
+look at /proc, not a catalog write: a holder killed is taken over within about this long."""
 
 
 class RunnerLease:
@@ -32,9 +38,13 @@ class RunnerLease:
         self.seconds = seconds
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.held = False
+        self.eager = True
+        """Whether it takes a dead holder's lease at once (else only once it expires)."""
         self.other: tuple[str, float] | None = None
         """Who holds the lease while this runner waits, and until when."""
         self._ticked = self._now()
+        self._looked = float("-inf")
+        """When this runner last took or renewed the lease, or tried to."""
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
@@ -43,8 +53,9 @@ class RunnerLease:
 
     def hold(self) -> bool:
         """Take or renew the lease; whether this runner holds it now."""
+        self._looked = self._now()
         holder, until = self.catalog.take_lease(self.holder, self.seconds)
-        if holder != self.holder and gone_from_this_machine(holder):
+        if holder != self.holder and self.eager and gone_from_this_machine(holder):
             holder, until = self.catalog.take_lease(self.holder, self.seconds, holder)
         self.held = holder == self.holder
         self.other = None if self.held else (holder, until)
@@ -64,8 +75,18 @@ class RunnerLease:
 
     def pause(self) -> float:
         """Seconds until the next beat: the holder renews three times per lease; a standby
-        looks at least every STANDBY_POLL_SECONDS, so that it notices a dead holder soon."""
-        return self.seconds / 3 if self.held else min(self.seconds / 3, STANDBY_POLL_SECONDS)
+        beats every LOCAL_WATCH_SECONDS while the holder is on this machine (it watches the
+        holder's process), else as often as it looks at the catalog (`_look_every`)."""
+        if self.held:
+            return self.seconds / 3
+        if self.other is not None and holder_pid(self.other[0]) is not None:
+            return LOCAL_WATCH_SECONDS
+        return self._look_every()
+
+    def _look_every(self) -> float:
+        """How often a standby looks at the catalog: at least every STANDBY_POLL_SECONDS, so
+        that it notices an expired lease soon."""
+        return min(self.seconds / 3, STANDBY_POLL_SECONDS)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.pause()):
@@ -75,8 +96,13 @@ class RunnerLease:
                 continue
 
     def _beat_once(self) -> None:
-        """Renew (or try to take) the lease, unless the loop has stalled."""
-        if self._now() - self._ticked < STALL_SECONDS:
+        """Renew (or try to take) the lease, unless the loop has stalled; a standby tries
+        when it is time to look at the catalog again, or at once when the holder on this
+        machine has died."""
+        if self._now() - self._ticked >= STALL_SECONDS:
+            return
+        if self.held or self.other is None or self._now() - self._looked >= \
+                self._look_every() or (self.eager and gone_from_this_machine(self.other[0])):
             self.hold()
 
     def release(self) -> None:

@@ -21,24 +21,29 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import CdcflowError, FailedPrecondition, NotFound
+from cdcflow.errors import FailedPrecondition, NotFound
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.preflight import check_storage_root
-from cdcflow.spark.queries import QueryControl, committed_micros, stop_between_batches
+from cdcflow.spark.queries import (
+    QueryControl,
+    batch_timing,
+    committed_micros,
+    stop_between_batches,
+)
 from cdcflow.store.changelog import open_log
 from cdcflow.store.segments import segment_summary
 from cdcflow.streams.applier import Applier
 from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import Catalog, StreamRecord
 from cdcflow.streams.cluster import check_master_of, cluster_placement
-from cdcflow.streams.definition import EmbeddedSource
 from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, is_permanent
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.rebackfill import Sweeper
 from cdcflow.streams.setup import StreamSetup, prepare_stream
-from cdcflow.streams.sources import open_source
+from cdcflow.streams.source_watch import SourceWatch
 from cdcflow.streams.states import StreamState
+from cdcflow.streams.warmup import StandbyWarmUp
 from cdcflow.streams.workers import (
     CAPTURE_FAILED,
     CaptureWorkers,
@@ -46,20 +51,8 @@ from cdcflow.streams.workers import (
     run_capture,
 )
 
-SOURCE_STATUS_SECONDS = 5.0
-
-
-def _batch_timing(query: Any, result: dict[str, Any]) -> dict[str, Any]:
-    """Where a batch's time went: cdcflow's fold and writes (this batch), and Spark's own
-    phases of the previous trigger (its progress report: planning, offset and commit logs)."""
-    timing: dict[str, Any] = {"write_ms": round(result["seconds"] * 1000, 1)}
-    try:
-        progress = query.lastProgress if query is not None else None
-    except Exception:  # the query is stopping: its last report is gone with it
-        progress = None
-    if progress:
-        timing["spark_ms"] = dict(progress.get("durationMs") or {})
-    return timing
+STANDBY_TURN_SECONDS = 0.1
+"""A standby's loop turns this often: it starts the streams soon after the lease is its own."""
 
 
 @dataclass
@@ -71,7 +64,7 @@ class Worker:
     query: Any = None
     reporting: Any = None  # the query whose progress reports status shows (also in a drain)
     control: QueryControl | None = None
-    status_source: Any = None
+    source_watch: SourceWatch | None = None
     thread: threading.Thread | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -99,23 +92,36 @@ class Runner:
         self.sweeper = Sweeper(self.catalog)
         self.capture = CaptureWorkers(clock, self._capture_died)
         self.lease = RunnerLease(self.catalog, lease_seconds)
+        self.warm_up = StandbyWarmUp(spark, self.master, self.lease)
+        self._turned = threading.Event()
+        """Set to turn the loop now, not at its next poll (a start thread ended, or a stop)."""
 
     # ---- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Supervise until `stop` is set; leave states as they are (a restart resumes)."""
+        threading.Thread(target=self._turn_at, args=(stop,), daemon=True,
+                         name="cdcflow-stop").start()
         self.applier.start()
         self.lease.start()
         try:
             while not stop.is_set():
+                self._turned.clear()  # a set from here on turns the loop again at once
                 if self.lease.tick():
                     self.step()
                 elif self.workers:  # another runner took the lease over: drive nothing
                     self.stand_down()
-                stop.wait(self.poll_seconds)
+                else:  # a standby: a takeover starts warm
+                    self.warm_up.start()
+                self._turned.wait(self.poll_seconds if self.lease.held else
+                                  STANDBY_TURN_SECONDS)
         finally:
             self.shutdown()
             self.lease.release()
+
+    def _turn_at(self, stop: threading.Event) -> None:
+        stop.wait()
+        self._turned.set()
 
     def step(self) -> None:
         for record in self.catalog.streams():
@@ -168,43 +174,26 @@ class Runner:
             case _:
                 self._halt(worker)
         if record.state in (StreamState.RUNNING, StreamState.PAUSED):
-            self._watch_source(record, worker)
-
-    def _watch_source(self, record: StreamRecord, worker: Worker) -> None:
-        """Every few seconds, the source side's status (a slot's retained WAL); a paused
-        stream whose slot holds more than the source's threshold is warned about."""
-        if isinstance(record.definition.source, EmbeddedSource) or \
-                self._now() < worker.stats.get("source_at", 0.0) + SOURCE_STATUS_SECONDS:
-            return  # the embedded database keeps nothing for a stream
-        worker.stats["source_at"] = self._now()
-        try:
-            if worker.setup is not None:
-                source = worker.setup.source
-            else:
-                if worker.status_source is None:
-                    worker.status_source = open_source(record.definition, self.home)
-                source = worker.status_source
-            found = source.status()
-        except CdcflowError as error:  # the source is away: say so, keep the state
-            self.catalog.update_status(record.definition.name, source={"error": str(error)})
-            return
-        warnings = []
-        held, limit = found.get("retained_wal_bytes") or 0, found.get("warn_above")
-        if record.state == StreamState.PAUSED and limit is not None and held > limit:
-            warnings.append(f"the paused stream's slot holds {held / 2**20:.0f} MB of WAL, "
-                            f"more than {limit / 2**20:.0f} MB: resume, drain or delete it")
-            if not worker.stats.get("warned"):
-                self.catalog.record_error(record.definition.name, "*", warnings[0])
-        worker.stats["warned"] = bool(warnings)
-        self.catalog.update_status(record.definition.name, source=found, warnings=warnings)
+            if worker.source_watch is None:
+                worker.source_watch = SourceWatch(self.catalog, self.home)
+            worker.source_watch.look(record, worker.setup, self._now())
 
     def _in_thread(self, worker: Worker, target: Any, record: StreamRecord) -> None:
-        worker.thread = threading.Thread(target=target, args=(record,), daemon=True)
+        """Start, drain...: on a thread of its own; the loop turns as soon as it ends, so
+        that a started stream's query starts without waiting for the next turn."""
+
+        def run() -> None:
+            try:
+                target(record)
+            finally:
+                self._turned.set()
+
+        worker.thread = threading.Thread(target=run, daemon=True)
         worker.thread.start()
 
     def _retry_later(self, record: StreamRecord) -> None:
         """Retry with a doubling backoff, up to max_retries; a failure the machine caused
-        (a full disk, say) is retried for as long as it lasts (`streams.environment`)."""
+        (a full disk, say) is retried for as long as it lasts (`streams.failures`)."""
         name = record.definition.name
         waiting = bool(self.catalog.status(name).get("waiting_for"))
         if record.retries >= self.max_retries and not waiting:
@@ -358,7 +347,7 @@ class Runner:
             name, rows_processed=stats["rows_processed"], batches=stats["batches"],
             lag_seconds=lag, throughput_rows_per_second=rate, partitions=active,
             last_applied_commit=stats.get("last_applied_commit"), lag_samples=lags[-200:],
-            batch_timing=_batch_timing(worker.reporting, result) | {
+            batch_timing=batch_timing(worker.reporting, result) | {
                 "report_ms": stats.get("report_ms")}, **extra)
         stats["report_ms"] = round((time.monotonic() - began) * 1000, 1)  # shown next batch
         if stats.pop("waiting", False):  # it writes again: the machine's refusal is over

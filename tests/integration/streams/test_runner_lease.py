@@ -1,7 +1,7 @@
 """Two `cdcflow run` processes on one catalog (issue 14, concurrency): only the lease holder
 drives the stream while both live; when it is SIGKILLed (with its JVM), the other takes the
 stream over once the lease expires, and `cdcflow verify` finds the CDC table and the events
-equal to the source, no event written twice."""
+equal to the source, no event written twice. The standby warms up while it waits."""
 
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ CLI = [sys.executable, "-m", "cdcflow.cli.main", "run", "--master", "local[1]", 
        "--lease-seconds", "5"]
 
 
-def start_runner(catalog_path: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([*CLI, "--catalog", catalog_path], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start_runner(catalog_path: str, said: Path) -> subprocess.Popen[bytes]:
+    """`cdcflow run`, its stderr (what it says of the lease and its warm-up) into `said`."""
+    with said.open("wb") as err:
+        return subprocess.Popen([*CLI, "--catalog", catalog_path], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=err)
 
 
 def holder_pid(catalog: Catalog) -> int | None:
@@ -50,7 +52,7 @@ def test_a_second_runner_waits_then_takes_over_a_killed_one(tmp_path: Path):
                          {"kind": "event_files", "root": str(tmp_path / "events")}],
         "spark": {"trigger_seconds": 0.3, "max_records_per_trigger": 40}}))
     catalog.act("s", "start")
-    runners = [start_runner(catalog_path), start_runner(catalog_path)]
+    runners = [start_runner(catalog_path, tmp_path / f"runner-{n}.err") for n in (0, 1)]
     writer = multiprocessing.get_context("spawn").Process(
         target=run_writer, args=(path, 3, 500, str(tmp_path / "history.jsonl"), 200, 0.02))
     try:
@@ -66,6 +68,11 @@ def test_a_second_runner_waits_then_takes_over_a_killed_one(tmp_path: Path):
             assert holder_pid(catalog) == leader and standby.poll() is None
             assert time.monotonic() < deadline, catalog.errors("s")
             time.sleep(0.1)
+        said = (tmp_path / f"runner-{runners.index(standby)}.err").read_text()
+        while "standby: warmed up in" not in said:  # a takeover starts warm
+            assert "warm-up failed" not in said and time.monotonic() < deadline, said
+            time.sleep(0.1)
+            said = (tmp_path / f"runner-{runners.index(standby)}.err").read_text()
         before = catalog.status("s")["batches"]
         os.killpg(leader, signal.SIGKILL)
         while holder_pid(catalog) != standby.pid or \
