@@ -10,7 +10,9 @@ Faults: kill-runner (SIGKILL `cdcflow run` with its JVM at a random moment), kil
 file is being written), disk-full (the destination's tmpfs filled up), read-only (the
 destination remounted read-only); with PostgreSQL also kill-capture and restart-postgres
 (`cdcflow.faultkit_pg`). With `standbys`, more `cdcflow run`s wait on the catalog's lease
-and take a killed runner's streams over; the runner started again stands by in its turn.
+and take a killed runner's streams over; the runner started again stands by in its turn. A
+runner is then killed only once a standby has warmed up (`cdcflow.streams.warmup`), so
+that each takeover is a warm standby's.
 Needs root for the mounts.
 """
 
@@ -19,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import random
-import signal
 import subprocess
 import sys
 import time
@@ -32,28 +32,15 @@ from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.faultkit_figures import figures
-from cdcflow.faultkit_pg import (
-    APPLY_STALENESS_SECONDS,
-    PG_KINDS,
-    PG_NAME,
-    STREAM_SPARK,
-    Companion,
-    PostgresSide,
-)
-from cdcflow.model.partitions import PartitionPolicy
-from cdcflow.model.timestamps import to_micros
-from cdcflow.store.database import Database
-from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.definition import StreamDefinition
-from cdcflow.streams.lease import holder_pid
-from cdcflow.streams.states import StreamState
+from cdcflow.faultkit_pg import PG_KINDS, Companion
+from cdcflow.faultkit_rig import NAME, Rig, now_seconds, run_command, wait_for
 from cdcflow.streams.verify import verify
-from cdcflow.testing import WORKLOAD_DDL
+
+__all__ = ["ALL_KINDS", "KINDS", "NAME", "Campaign", "run_campaign", "wait_for"]
 
 RUNNER_KILLS = ("kill-runner", "kill-mid-apply", "kill-mid-events")
 KINDS = (*RUNNER_KILLS, "disk-full", "read-only")
 ALL_KINDS = KINDS + PG_KINDS
-NAME = "faults"
 
 
 @dataclass
@@ -100,164 +87,6 @@ def _in_turn(counts: dict[str, int]) -> list[str]:
     return order
 
 
-class Rig:
-    """The system under faults: database, catalog, destination mount, runner, writer."""
-
-    def __init__(self, campaign: Campaign) -> None:
-        self.campaign = campaign
-        self.folder = campaign.folder
-        self.dest = self.folder / "dest"
-        self.runners: list[subprocess.Popen[bytes]] = []
-        self.starts = 0
-        self.rng = random.Random(campaign.seed)
-        self.names = [NAME, PG_NAME] if campaign.postgres else [NAME]
-        self.pg = PostgresSide(self.dest, wait_for, _now) if campaign.postgres else None
-
-    def setup(self) -> None:
-        self.dest.mkdir(parents=True, exist_ok=True)
-        _run("mount", "-t", "tmpfs", "-o", f"size={self.campaign.tmpfs_mb}m", "tmpfs",
-             str(self.dest))
-        self.db_path = str(self.folder / "shop.db")
-        db = Database.open(self.db_path, partition_policy=PartitionPolicy(split_records=300))
-        db.ddl(WORKLOAD_DDL)
-        db.ddl("CREATE CHANGE STREAM Everything FOR ALL")
-        db.close()
-        self.catalog = Catalog(self.folder / "catalog.db")
-        self.catalog.create(StreamDefinition.parse({
-            "name": NAME, "source": {"database": self.db_path, "change_stream": "Everything"},
-            "backfill": "all",
-            "destinations": [
-                {"kind": "cdc_table", "warehouse": str(self.dest / "warehouse"),
-                 "max_staleness_seconds": APPLY_STALENESS_SECONDS},
-                {"kind": "event_files", "root": str(self.dest / "events"), "max_events": 500}],
-            "spark": STREAM_SPARK}))
-        self.catalog.act(NAME, "start")
-        if self.pg is not None:
-            self.pg.setup(self.catalog)
-
-    def writer_targets(self) -> list[str]:
-        """What each writer writes to: the database file, and the PostgreSQL DSN."""
-        return [self.db_path] + ([self.pg.dsn()] if self.pg is not None else [])
-
-    def teardown(self) -> None:
-        for runner in list(self.runners):
-            self.kill(runner)
-        with contextlib.suppress(RuntimeError):
-            _run("umount", "-l", str(self.dest))
-        if self.pg is not None:
-            self.pg.teardown()
-
-    # ---- processes -------------------------------------------------------------------------
-
-    def start_runner(self) -> None:
-        """Start one more `cdcflow run`: the one that drives the streams, or (while another
-        holds the lease) a standby that takes over once that one dies."""
-        self.starts += 1
-        log = (self.folder / f"runner-{self.starts}.log").open("wb")
-        self.runners.append(subprocess.Popen(
-            [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-             str(self.folder / "catalog.db"), "--master", "local[2]", "--json",
-             "--lease-seconds", "3"], start_new_session=True, stdout=log,
-            stderr=subprocess.STDOUT, cwd=self.folder))
-        log.close()
-
-    def driving(self) -> subprocess.Popen[bytes] | None:
-        """The live runner that holds the catalog's lease, if one does now."""
-        lease = self.catalog.lease()
-        pid = holder_pid(lease[0]) if lease else None
-        return next((r for r in self.runners if r.pid == pid and r.poll() is None), None)
-
-    def driver(self) -> subprocess.Popen[bytes]:
-        """The runner that drives the streams, once one does."""
-        wait_for(lambda: self.driving() is not None, 300, "a runner to hold the lease",
-                 self.recent_errors)
-        runner = self.driving()
-        assert runner is not None
-        return runner
-
-    def kill(self, runner: subprocess.Popen[bytes] | None) -> None:
-        """SIGKILL a runner, with its JVM and capture workers."""
-        if runner is not None and runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
-            runner.wait()
-        self.runners = [r for r in self.runners if r.poll() is None]
-
-    def stop_runners(self) -> None:
-        """Stop every runner as a user would (SIGINT), the standbys first."""
-        driving = self.driving()
-        for runner in sorted(self.runners, key=lambda r: r is driving):
-            if runner.poll() is None:
-                os.killpg(runner.pid, signal.SIGINT)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    runner.wait(timeout=120)
-            with contextlib.suppress(ProcessLookupError):  # a JVM left behind by a runner
-                os.killpg(runner.pid, signal.SIGKILL)  # stopped while it started it
-            runner.wait()
-        self.runners = []
-
-    def runner_pid(self) -> int | None:
-        runner = self.driving()
-        return runner.pid if runner is not None else None
-
-    def batches(self) -> dict[str, int]:
-        return {name: int(self.catalog.status(name).get("batches") or 0)
-                for name in self.names}
-
-    def progressed(self, since: dict[str, int], seconds: float = 300) -> float:
-        """Wait until every stream is RUNNING and has finished a batch after `since`; the
-        seconds it took."""
-        began = time.monotonic()
-        for name in self.names:
-            wait_for(partial(self.ran_since, name, since[name]), seconds,
-                     f"the stream {name} to run a batch again", self.recent_errors)
-        return time.monotonic() - began
-
-    def mended(self, since: dict[str, int]) -> float:
-        """After a failure the machine caused: `progressed`, and then no stream still says
-        it is waiting for the machine (its first batch clears that)."""
-        seconds = self.progressed(since)
-        wait_for(lambda: not any(self.catalog.status(name).get("waiting_for")
-                                 for name in self.names), 60,
-                 "the streams to stop waiting for the machine", self.recent_errors)
-        return seconds
-
-    def ran_since(self, name: str, batches: int) -> bool:
-        """Whether the stream is RUNNING and has finished a batch after its `batches`th."""
-        return self.catalog.get(name).state == StreamState.RUNNING and \
-            self.batches()[name] > batches
-
-    def failed_with(self, words: str, after: float) -> bool:
-        """Whether a stream has failed since `after` with `words` in its error."""
-        return any(e["time"] >= after and words in e["message"]
-                   for name in self.names for e in self.catalog.errors(name))
-
-    def recent_errors(self) -> list[dict[str, Any]]:
-        return [e for name in self.names for e in self.catalog.errors(name)[:2]]
-
-
-def wait_for(condition: Any, seconds: float, what: str, details: Any = None) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {seconds:.0f} s for {what}: "
-                               f"{details() if details else ''}")
-        time.sleep(0.05)
-
-
-def _now() -> float:
-    return to_micros(SYSTEM_CLOCK.now()) / 1e6
-
-
-def _run(*command: str, busy_seconds: float = 0.0) -> None:
-    """Run `command`; while it fails as busy, again until `busy_seconds` have passed."""
-    deadline = time.monotonic() + busy_seconds
-    while (result := subprocess.run(command, capture_output=True, text=True, timeout=60,
-                                    check=False)).returncode != 0:
-        if "busy" not in result.stderr or time.monotonic() > deadline:
-            raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()}")
-        time.sleep(0.05)
-
-
 # ---- faults ---------------------------------------------------------------------------------
 
 def inject(rig: Rig, kind: str) -> float:
@@ -266,6 +95,8 @@ def inject(rig: Rig, kind: str) -> float:
     once the fault has stopped every stream it hits, so no batch from before counts."""
     match kind:
         case "kill-runner" | "kill-mid-apply" | "kill-mid-events":
+            if rig.campaign.standbys:
+                wait_for(rig.standby_warm, 120, "a standby to warm up")
             victim = rig.driver()  # found first: the moment to kill may be short
             _moment_to_kill(rig, kind)
             rig.kill(victim)
@@ -290,11 +121,11 @@ def inject(rig: Rig, kind: str) -> float:
 
 def _moment_to_kill(rig: Rig, kind: str) -> None:
     if kind == "kill-runner":
-        time.sleep(rig.rng.uniform(0, 2))  # a random moment of the stream's work
-    elif kind == "kill-mid-apply":
+        time.sleep(rig.rng.uniform(0, 1))  # a random moment of the stream's work: a few
+    elif kind == "kill-mid-apply":  # batches (0.3 s apart) in that second
         _when(lambda: _apply_running(rig.dest), 30)
     else:
-        _when(lambda: _event_write_running(rig.dest), 30)
+        _event_write_moment(rig.dest, 30)
 
 
 def _when(condition: Any, seconds: float) -> bool:
@@ -318,19 +149,35 @@ def _apply_running(dest: Path) -> bool:
     return False
 
 
-def _event_write_running(dest: Path) -> bool:
-    """Whether an event file or a batch manifest is being written: a `.<name>.tmp` in a
-    `_manifests` folder or in an object's folder of this minute or the one before (events
-    go by their commit's minute). Only those folders are read, so that the moment, a few
-    microseconds per file, is not missed while a glob walks every folder written so far."""
+def _event_write_moment(dest: Path, seconds: float) -> bool:
+    """Wait (at most `seconds`) for the moment an event file or a batch manifest is being
+    written: a `.<name>.tmp` created in a `_manifests` folder or in an object's folder of
+    this minute or the one before (events go by their commit's minute). inotify says so at
+    once; a poll of the folders missed most such files, which live for a fraction of a
+    millisecond, and took about 3 s to find one."""
+    from inotify_simple import INotify, flags
+
+    deadline = time.monotonic() + seconds
+    with INotify() as watcher:
+        watched: set[Path] = set()
+        while time.monotonic() < deadline:
+            for folder in set(_event_folders(dest)) - watched:
+                with contextlib.suppress(OSError):  # not made yet: watched once it is
+                    watcher.add_watch(str(folder), flags.CREATE)
+                    watched.add(folder)
+            if any(e.name.startswith(".") and e.name.endswith(".tmp")
+                   for e in watcher.read(timeout=100)):
+                return True
+    return False
+
+
+def _event_folders(dest: Path) -> list[Path]:
+    """Where event files and manifests are written now (see `_event_write_moment`)."""
     now = SYSTEM_CLOCK.now()
     minutes = {moment.strftime("%Y/%m/%d/%H/%M") for moment in (now, now - timedelta(minutes=1))}
-    for stream in [s for root in dest.glob("*events") for s in _folders(root)]:
-        folders = [stream / "_manifests"] + [obj / minute for obj in _folders(stream)
-                                             for minute in minutes]
-        if any(_writing_in(folder) for folder in folders):
-            return True
-    return False
+    return [folder for root in dest.glob("*events") for stream in _folders(root)
+            for folder in [stream / "_manifests"] + [obj / minute for obj in _folders(stream)
+                                                     for minute in minutes]]
 
 
 def _folders(folder: Path) -> list[Path]:
@@ -339,14 +186,8 @@ def _folders(folder: Path) -> list[Path]:
     return []
 
 
-def _writing_in(folder: Path) -> bool:
-    with contextlib.suppress(OSError), os.scandir(folder) as entries:
-        return any(e.name.startswith(".") and e.name.endswith(".tmp") for e in entries)
-    return False
-
-
 def _disk_full(rig: Rig) -> float:
-    began = _now()
+    began = now_seconds()
     ballast = rig.dest / "ballast"
     with contextlib.suppress(OSError), open(ballast, "wb") as handle:
         while True:
@@ -364,15 +205,15 @@ def _read_only(rig: Rig) -> float:
     (a remount of the tmpfs itself is refused while a file is open for writing), then
     unmounted. A writer that opens a file through the new mount before it turns read-only
     makes that remount busy until it closes the file: it is tried again meanwhile."""
-    began = _now()
-    _run("mount", "--bind", str(rig.dest), str(rig.dest))
+    began = now_seconds()
+    run_command("mount", "--bind", str(rig.dest), str(rig.dest))
     try:
-        _run("mount", "-o", "remount,bind,ro", str(rig.dest), busy_seconds=30)
+        run_command("mount", "-o", "remount,bind,ro", str(rig.dest), busy_seconds=30)
         wait_for(lambda: rig.failed_with("read-only", began), 180,
                  "a stream to fail on the read-only folder", rig.recent_errors)
         before = rig.batches()
     finally:
-        _run("umount", "-l", str(rig.dest))
+        run_command("umount", "-l", str(rig.dest))
     return rig.mended(before)
 
 

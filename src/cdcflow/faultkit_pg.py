@@ -139,7 +139,7 @@ class Companion(threading.Thread):
                  runner_pid: Callable[[], int | None]) -> None:
         super().__init__(name=f"fault-{kind}", daemon=True)
         self.side, self.kind, self.runner_pid = side, kind, runner_pid
-        self.delay = rng.uniform(0, 3)
+        self.delay = rng.uniform(0, 2)  # the other fault is mended in 2-5 s
         self.recovery: float | None = None
         self.error: BaseException | None = None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cdcflow.faultkit import _run
+from cdcflow.faultkit_rig import run_command
 
 pytestmark = pytest.mark.unit
 
@@ -18,17 +18,17 @@ BUSY_TWICE = ('n=$(cat "$0" 2>/dev/null || echo 0); echo $((n+1)) > "$0"; '
 
 def test_a_command_busy_for_a_while_is_run_again_until_it_succeeds(tmp_path: Path):
     count = tmp_path / "runs"
-    _run("sh", "-c", BUSY_TWICE, str(count), busy_seconds=30)
+    run_command("sh", "-c", BUSY_TWICE, str(count), busy_seconds=30)
     assert count.read_text().strip() == "3"
 
 
 def test_a_busy_command_fails_at_once_without_a_grace_period(tmp_path: Path):
     count = tmp_path / "runs"
     with pytest.raises(RuntimeError, match="mount point is busy"):
-        _run("sh", "-c", BUSY_TWICE, str(count))
+        run_command("sh", "-c", BUSY_TWICE, str(count))
     assert count.read_text().strip() == "1"
 
 
 def test_any_other_failure_is_raised_at_once(tmp_path: Path):
     with pytest.raises(RuntimeError, match="permission denied"):
-        _run("sh", "-c", 'echo "permission denied" >&2; exit 1', busy_seconds=30)
+        run_command("sh", "-c", 'echo "permission denied" >&2; exit 1', busy_seconds=30)
