@@ -35,7 +35,7 @@ def test_change_stream_into_cdc_tables_equals_the_source(spark, tmp_path: Path):
         process.start()
     warehouse = tmp_path / "warehouse"
     query = apply_change_stream(spark, path, "Everything", warehouse, tmp_path / "ckpt",
-                                trigger={"processingTime": "700 milliseconds"})
+                                trigger={"processingTime": "200 milliseconds"})
     try:
         for process in processes:
             process.join(timeout=300)

@@ -101,7 +101,7 @@ def test_stream_with_concurrent_writers_and_partition_churn(spark, tmp_path: Pat
              .option("heartbeatMilliseconds", 1000).load()
              .writeStream.foreachBatch(collect)
              .option("checkpointLocation", str(tmp_path / "ckpt"))
-             .trigger(processingTime="500 milliseconds").start())
+             .trigger(processingTime="200 milliseconds").start())
     try:
         for process in processes:
             process.join(timeout=300)
