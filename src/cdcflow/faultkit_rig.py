@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cdcflow.cli.run import WARM_UP_SAID
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.faultkit_pg import APPLY_STALENESS_SECONDS, PG_NAME, STREAM_SPARK, PostgresSide
 from cdcflow.model.partitions import PartitionPolicy
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from cdcflow.faultkit import Campaign
 
 NAME = "faults"
-WARM_LINES = ("standby: warmed up", "standby: the warm-up failed", "standby: no warm-up")
-"""What a standby `cdcflow run` says once its warm-up is over (`cdcflow.cli.run`)."""
 
 
 class Rig:
@@ -104,12 +103,13 @@ class Rig:
 
     def standby_warm(self) -> bool:
         """Whether a live runner other than the driving one has finished its warm-up (said a
-        WARM_LINES line), so that it takes a killed runner's streams over warm."""
+        WARM_UP_SAID line, `cdcflow.cli.run`), so that it takes a killed runner's streams
+        over warm."""
         driving = self.driving()
         for runner in self.runners:
             if runner.pid not in self.warm and runner.poll() is None and any(
                     line in self.logs[runner.pid].read_text(errors="replace")
-                    for line in WARM_LINES):
+                    for line in WARM_UP_SAID):
                 self.warm.add(runner.pid)
         return any(r.pid in self.warm for r in self.runners
                    if r is not driving and r.poll() is None)

@@ -79,7 +79,7 @@ def _report_standby(runner: Runner, stop: threading.Event) -> None:
     while not stop.wait(0.5):
         if runner.warm_up.result is not None and not warm_told:
             warm_told = True
-            click.echo(f"standby: {_warm_up_line(runner.warm_up.result)}", err=True)
+            click.echo(_warm_up_line(runner.warm_up.result), err=True)
         other = runner.lease.other
         if (other is not None) != waiting:
             waiting = other is not None
@@ -89,13 +89,17 @@ def _report_standby(runner: Runner, stop: threading.Event) -> None:
                        err=True)
 
 
+WARM_UP_SAID = ("standby: warmed up", "standby: the warm-up failed", "standby: no warm-up")
+"""How each line a standby says once its warm-up is over begins (`_warm_up_line`)."""
+
+
 def _warm_up_line(warm_up: dict[str, Any]) -> str:
     if "seconds" in warm_up:
-        return (f"warmed up in {warm_up['seconds']:.1f} s with a throwaway stream: a takeover "
-                "starts warm")
+        return (f"{WARM_UP_SAID[0]} in {warm_up['seconds']:.1f} s with a throwaway stream: a "
+                "takeover starts warm")
     if "skipped" in warm_up:
-        return f"no warm-up: {warm_up['skipped']}"
-    return f"the warm-up failed ({warm_up['error']}): a takeover starts cold"
+        return f"{WARM_UP_SAID[2]}: {warm_up['skipped']}"
+    return f"{WARM_UP_SAID[1]} ({warm_up['error']}): a takeover starts cold"
 
 
 @click.command()
