@@ -31,6 +31,7 @@ from cdcflow.errors import CdcflowError, InvalidArgument
 from cdcflow.follow import follow_change_stream
 from cdcflow.store.changelog import open_log
 from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.lease import stat_fields
 from cdcflow.streams.sources import open_source
 from cdcflow.streams.workers import run_capture
 from tests.behaviour.harness import HARNESSES, SourceHarness
@@ -172,7 +173,9 @@ def test_killed_at_random_points_then_resumed_loses_and_doubles_nothing(
         harness: SourceHarness, tmp_path: Path):
     """SIGKILL at random points (8, or the harness's `kill_rounds`: 20 for MySQL): a capture
     worker where the source has one; the embedded database's commits write their own change
-    records, so there the committing process."""
+    records, so there the committing process. A point is drawn among the first 40 changes of
+    the round in the log, so a capture worker is killed while it captures, not while it
+    starts."""
     definition = definition_of(harness, tmp_path)
     home = tmp_path / "home"
     source = open_source(definition, home)
@@ -180,19 +183,25 @@ def test_killed_at_random_points_then_resumed_loses_and_doubles_nothing(
     snapshot, capture, objects = snapshot_and_capture(source, definition, home)
     backfill(source, consumer, snapshot, objects)
     rng = random.Random(5)
+    helpers_seen = 0
+    log_path, stream = source.log_location()
     for round_number in range(harness.kill_rounds):
         writer = harness.writer(round_number + 10, harness.round_transactions,
                                 (round_number + 1) * 100_000)
-        before = len(harness.rows("journal"))
+        round_start = open_log(log_path).current_timestamp()
         writer.start()
-        wanted = before + rng.randint(3, 60)  # a random point while changes are flowing
+        wanted = rng.randint(1, 40)  # a random point while changes flow into the log
         deadline = time.monotonic() + 120
-        while len(harness.rows("journal")) < wanted and writer.is_alive():
+        while logged_since(log_path, stream, round_start) < wanted and (
+                capture is not None or writer.is_alive()):
             assert time.monotonic() < deadline
             time.sleep(rng.uniform(0, 0.01))
         victim = capture if capture is not None else writer
+        helpers = children_of(victim.pid)
+        helpers_seen += len(helpers)
         os.kill(victim.pid, signal.SIGKILL)
         victim.join()
+        wait_ended(helpers)
         if capture is not None:
             writer.join(timeout=300)
             capture = start_capture(source, definition, home)
@@ -202,6 +211,34 @@ def test_killed_at_random_points_then_resumed_loses_and_doubles_nothing(
         capture.terminate()
     verify(harness, consumer)
     assert len(consumer.journal_inserts) > 20
+    if harness.name == "mysql":  # its capture reads the binlog in a reader process
+        assert helpers_seen > 0, "no binlog reader process was seen under the capture"
+
+
+def logged_since(path: str, stream: str, start: Any) -> int:
+    """Mods the change log holds after `start`."""
+    log = open_log(path)
+    records = follow_change_stream(log, stream, start, log.current_timestamp()).records
+    return sum(len(r.mods) for r in records)
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_ended(pids: list[int], seconds: float = 10) -> None:
+    """A killed capture takes its helper processes with it (a binlog reader left behind
+    would go on as a second replica with the capture's server id)."""
+    deadline = time.monotonic() + seconds
+    while left := [p for p in pids if (stat_fields(p) or ["X"])[0] not in "ZX"]:
+        assert time.monotonic() < deadline, f"processes {left} outlived their killed capture"
+        time.sleep(0.05)
 
 
 def test_rolled_back_transactions_never_appear(harness: SourceHarness, tmp_path: Path):

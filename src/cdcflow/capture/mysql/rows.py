@@ -94,7 +94,12 @@ class RowShape:
 
 
 def shape_of(table: str, columns: list[Any], primary_key: Any) -> RowShape:
-    described = [binlog_column(c) for c in columns]
+    """The shape of a table map's columns (mysql-replication's)."""
+    return described_shape(table, [binlog_column(c) for c in columns], primary_key)
+
+
+def described_shape(table: str, described: list[MySqlColumn], primary_key: Any) -> RowShape:
+    """The shape of a table map's columns as `binlog_column` describes them."""
     keys = (primary_key,) if isinstance(primary_key, str) and primary_key else \
         tuple(primary_key or ())
     types = [unified_type(c) for c in described]

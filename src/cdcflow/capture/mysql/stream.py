@@ -1,12 +1,14 @@
-"""The capture loop: a row-based binlog, read through mysql-replication, into the change log.
+"""The capture loop: a row-based binlog, read through mysql-replication in a reader process
+of its own (`reader`), into the change log.
 
 A transaction is the group between a GTID event and its XID (or COMMIT) event; a DDL is a
 standalone GTID group of one query. Committed groups are appended with the source position
 after the last of them, `{"gtid", "log_file", "log_position"}`, in the same log transaction
 as their records (`ChangeLog.append_many`); groups that touch no watched table only move the
-position (`advance`). While the server has more to send (the socket is readable), up to
+position (`advance`). While the server has more to send, up to
 BATCH_TRANSACTIONS groups or BATCH_SECONDS share one log transaction, so a capture that is
-behind pays one commit for many; once the socket is drained, the batch is appended at once.
+behind pays one commit for many; once the reader has nothing more to hand over, the batch is
+appended at once.
 A restart streams from the stored GTID state on MariaDB (the server then sends exactly the
 groups after it), or from the stored file and position on MySQL, so no transaction is
 appended twice or skipped.
@@ -21,10 +23,9 @@ decodes with the columns it was written with.
 
 from __future__ import annotations
 
-import contextlib
-import select
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,8 +33,9 @@ from typing import Any
 
 from cdcflow.capture.mysql.connection import Endpoint
 from cdcflow.capture.mysql.position import GtidState, MySqlGtidSet, after_group
+from cdcflow.capture.mysql.reader import BinlogReader, Event, ReadFrom, first_word
 from cdcflow.capture.mysql.rebackfill import Rebackfill
-from cdcflow.capture.mysql.rows import RowShape, shape_of
+from cdcflow.capture.mysql.rows import RowShape, described_shape
 from cdcflow.capture.source import WorkerHooks
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.errors import InvalidArgument, TypeMismatch
@@ -42,8 +44,11 @@ from cdcflow.model.source import MYSQL, SourceMetadata
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.changelog import ChangeLog
 
-STANDALONE = 1  # MariaDB GTID flag: a group without XID/COMMIT (DDL)
 BATCH_TRANSACTIONS, BATCH_CHANGES, BATCH_SECONDS = 500, 5_000, 0.1
+TAKE_SECONDS = 0.05
+"""The longest wait for the reader's next events, and so for a stop to be seen."""
+_WHERE = {"gtid": 4, "xid": 2, "query": 4, "heartbeat": 1}
+"""Where each kind of event carries the binlog position after it (log file, position)."""
 CHUNKS_AT_ONCE = 8
 """Chunks of a table backfilled again that are read and appended in a row while the capture
 is caught up, before it reads the binlog again."""
@@ -88,7 +93,11 @@ class BinlogCapture:
             else MySqlGtidSet.parse(text)
         self.group: _Group | None = None
         self.shapes: dict[tuple[int, tuple[str, ...]], RowShape] = {}
-        self.stream: Any = None
+        self.reader: Any = None
+        self.events: deque[Event] = deque()
+        self.where = (str(self.after.get("log_file") or ""),
+                      int(self.after.get("log_position") or 0))
+        """The binlog position after the last event handled."""
         self.again = Rebackfill(settings.endpoint, settings.mariadb, settings.chunk_rows,
                                 self.after.get("rebackfill"))
         self.requests_due = 0.0
@@ -98,136 +107,79 @@ class BinlogCapture:
         if self.again.state is not None:  # it may not have been heard before a restart
             settings.hooks.progress(self.again.state)
 
-    def _open(self) -> Any:
-        from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import (
-            GtidEvent,
-            HeartbeatLogEvent,
-            MariadbGtidEvent,
-            QueryEvent,
-            RotateEvent,
-            XidEvent,
-        )
-        from pymysqlreplication.row_event import (
-            DeleteRowsEvent,
-            UpdateRowsEvent,
-            WriteRowsEvent,
-        )
-
-        options: dict[str, Any] = {
-            "connection_settings": self.settings.endpoint.settings(),
-            "server_id": self.settings.server_id, "blocking": True,
-            "slave_heartbeat": self.settings.heartbeat_seconds,
-            "only_events": [MariadbGtidEvent, GtidEvent, QueryEvent, RotateEvent, XidEvent,
-                            WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
-                            HeartbeatLogEvent],
-            "enable_logging": False,
-            # A table map is parsed once per table id: the server gives a table a new id
-            # whenever its definition changes (ALTER, or its share reopened), and ids are
-            # not reused while it runs (a restart rotates the binlog, which clears them).
-            "freeze_schema": True,
-        }
-        if self.settings.mariadb:
-            options |= {"is_mariadb": True, "auto_position": self.gtid.text()}
-        else:
-            options |= {"resume_stream": True, "log_file": self.after["log_file"],
-                        "log_pos": int(self.after["log_position"])}
-        return BinLogStreamReader(**options)
+    def _read_from(self) -> ReadFrom:
+        settings = self.settings
+        return ReadFrom(settings.endpoint, settings.server_id, settings.databases,
+                        settings.selected, settings.mariadb, self.gtid.text(),
+                        str(self.after.get("log_file") or ""),
+                        int(self.after.get("log_position") or 0), settings.heartbeat_seconds)
 
     def run(self, stop: threading.Event) -> None:
-        """Read until `stop` is set: a watcher closes the connection then, which ends a read
-        that is waiting for the server."""
-        self.stream = self._open()
-        finished = threading.Event()
-
-        def close_on_stop() -> None:
-            while not finished.wait(0.05):
-                if stop.is_set():
-                    self.stream.close()
-                    return
-
-        watcher = threading.Thread(target=close_on_stop, name="binlog-stop", daemon=True)
-        watcher.start()
+        """Read until `stop` is set (seen within TAKE_SECONDS)."""
+        self.reader = BinlogReader(self._read_from())
         try:
             while not stop.is_set():
                 if self.unsaved is not None and self.group is None and self._batch_due():
-                    self._flush()  # checked between transactions only: select() is a call
-                try:
-                    event = self.stream.fetchone()
-                except Exception:
-                    if stop.is_set():
-                        break
-                    raise
-                if event is not None:
-                    self._handle(event)
+                    self._flush()  # checked between transactions only
+                if not self.events:
+                    self.events.extend(self.reader.take(TAKE_SECONDS))
+                    continue
+                self._handle(self.events.popleft())
             self._flush()
         finally:
-            finished.set()
-            watcher.join()
-            with contextlib.suppress(Exception):  # the watcher may have closed it already
-                self.stream.close()
+            self.reader.close()
 
-    def _handle(self, event: Any) -> None:
+    def _handle(self, event: Event) -> None:
+        tag = event[0]
+        if tag in _WHERE:
+            self.where = (str(event[_WHERE[tag]]), int(event[_WHERE[tag] + 1]))
         if self.group is None:
             self._between_transactions()
-        name = type(event).__name__
-        if name in ("MariadbGtidEvent", "GtidEvent"):
-            standalone = bool(getattr(event, "flags", 0) & STANDALONE) if \
-                name == "MariadbGtidEvent" else False
-            self.group = _Group(str(event.gtid), standalone, int(event.timestamp))
-        elif name in ("WriteRowsEvent", "UpdateRowsEvent", "DeleteRowsEvent"):
+        if tag == "gtid":
+            self.group = _Group(str(event[1]), bool(event[2]), int(event[3]))
+        elif tag == "table":
+            _, key, table, columns, primary_key = event
+            self.shapes[key] = described_shape(table, columns, primary_key)
+        elif tag == "rows":
             if self.group is not None:
                 self._rows(event)
-        elif name == "XidEvent":
-            self._commit(int(event.timestamp))
-        elif name == "QueryEvent":
-            self._query(event)
+        elif tag == "xid":
+            self._commit(int(event[1]))
+        elif tag == "query":
+            self._query(str(event[1]), str(event[2]), int(event[3]))
 
-    def _query(self, event: Any) -> None:
-        text = event.query.decode() if isinstance(event.query, bytes) else str(event.query)
-        word = text.strip().split(None, 1)[0].upper() if text.strip() else ""
+    def _query(self, text: str, schema: str, timestamp: int) -> None:
+        word = first_word(text)
         if word == "BEGIN" or self.group is None:
             return
         if word == "ROLLBACK":
             self.group = None
             return
         if word == "TRUNCATE":
-            self._truncated(text, event.schema)
+            self._truncated(text, schema)
         if word == "COMMIT" or self.group.standalone:
-            self._commit(int(event.timestamp))
+            self._commit(timestamp)
 
-    def _truncated(self, text: str, schema: Any) -> None:
+    def _truncated(self, text: str, default: str) -> None:
         """A TRUNCATE is a statement in the binlog, without rows: say it is not applied."""
         words = text.replace("`", "").split()[1:]
         if words and words[0].upper() == "TABLE":
             words = words[1:]
         if not words:
             return
-        default = schema.decode() if isinstance(schema, bytes) else str(schema or "")
         name = words[0].rstrip(";") if "." in words[0] else f"{default}.{words[0].rstrip(';')}"
         if name.split(".", 1)[0] in self.settings.databases and self.settings.selected(name):
             self.settings.hooks.report(name, (
                 f"TRUNCATE of {name} was not applied: a CDC table keeps its rows; backfill "
                 "the table again to match the source"))
 
-    def _rows(self, event: Any) -> None:
-        table = f"{event.schema}.{event.table}"
-        if event.schema not in self.settings.databases or not self.settings.selected(table):
-            return
-        shape = self._shape(event, table)
-        position = {"log_file": self.stream.log_file, "log_position": int(event.packet.log_pos)}
-        kind = type(event).__name__
+    def _rows(self, event: Event) -> None:
+        _, key, kind, rows, log_file, log_position = event
+        shape = self.shapes[key]
+        position = {"log_file": log_file, "log_position": log_position}
         assert self.group is not None
-        for index, row in enumerate(event.rows):
+        for index, row in enumerate(rows):
             self.group.changes += shape.changes(kind, row, position | {"row": index})
-
-    def _shape(self, event: Any, table: str) -> RowShape:
-        columns = tuple(str(c.name) for c in event.columns)
-        key = (int(event.table_id), columns)
-        shape = self.shapes.get(key)
-        if shape is None:
-            shape = self.shapes[key] = shape_of(table, event.columns, event.primary_key)
-        return shape
 
     def _commit(self, timestamp: int) -> None:
         group, self.group = self.group, None
@@ -235,8 +187,7 @@ class BinlogCapture:
             return
         self.gtid = after_group(self.gtid, group.gtid)
         position = self._position({
-            "gtid": self.gtid.text(),
-            "log_file": self.stream.log_file, "log_position": int(self.stream.log_pos)})
+            "gtid": self.gtid.text(), "log_file": self.where[0], "log_position": self.where[1]})
         if group.changes:
             metadata = SourceMetadata(MYSQL.cdc_method,
                                       datetime.fromtimestamp(timestamp or group.timestamp, UTC),
@@ -247,8 +198,6 @@ class BinlogCapture:
             self.batch.append(SourceTransaction(metadata, tuple(group.changes)))
             self.batch_changes += len(group.changes)
         self.unsaved = position
-        if self.settings.mariadb:  # a reconnect inside the library resumes from here
-            self.stream.auto_position = self.gtid.text()
         self._between_transactions()
 
     def _batch_due(self) -> bool:
@@ -257,12 +206,8 @@ class BinlogCapture:
             self.batch_changes >= BATCH_CHANGES or time.monotonic() >= self.batch_due
 
     def _more_waiting(self) -> bool:
-        """The binlog connection's socket has bytes to read (a read would not wait)."""
-        sock = getattr(getattr(self.stream, "_stream_connection", None), "_sock", None)
-        if sock is None:
-            return False
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable)
+        """The reader has more to hand over at once."""
+        return bool(self.events) or self.reader.waiting()
 
     def _flush(self) -> None:
         """Append the batch of committed groups (one log transaction for all), or store the
@@ -290,7 +235,7 @@ class BinlogCapture:
         one; look for a new request every second."""
         for _ in range(CHUNKS_AT_ONCE):
             if self.again.chunk is not None:
-                if not self.again.ready(self.stream.log_file, int(self.stream.log_pos or 0)):
+                if not self.again.ready(*self.where):
                     return
                 self._append_chunk()
             elif not self._next_chunk():
