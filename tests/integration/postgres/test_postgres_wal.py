@@ -6,14 +6,19 @@ paused stream's slot holds more than its threshold."""
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 import pytest
+from psycopg2.extras import LogicalReplicationConnection
 
 from cdcflow.clock import FakeClock
+from cdcflow.errors import FailedPrecondition, NotFound
 from cdcflow.localdb import LocalPostgres
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
@@ -122,3 +127,67 @@ def test_a_source_away_is_said_in_the_status_and_fails_no_stream(pg: LocalPostgr
     runner.step()
     assert catalog.status("away")["source"]["slot"] == "away_slot"
     open_source(stream, tmp_path).drop_slot()  # the first one's connection died
+
+
+def test_a_slot_a_reader_holds_is_not_dropped_and_the_stream_not_deleted(
+        pg: LocalPostgres, pg_conn: Any, tmp_path: Path):
+    """Deleting a stream while something still reads its slot (a capture worker on its way
+    out, say) waits a moment, then fails naming the slot and the holder; the stream stays in
+    the catalog and the slot on the server. Once the reader lets go, the delete drops both.
+    (The drop used to skip an active slot silently, leaving it to keep WAL for ever.)"""
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS watched (id int PRIMARY KEY)")
+    stream = definition(pg, tmp_path, "held", slot="held_slot", publication="held_pub")
+    source = open_source(stream, tmp_path)
+    source.release(source.snapshot([o for o in source.discover()
+                                    if o.name == "public.watched"], None))
+    catalog = Catalog(tmp_path / "catalog.db")
+    catalog.create(stream)
+    reader = psycopg2.connect(pg.dsn(), password=pg.password,
+                              connection_factory=LogicalReplicationConnection)
+    reader.cursor().start_replication(slot_name="held_slot", decode=False, options={
+        "proto_version": "1", "publication_names": "held_pub"})
+    deadline = time.monotonic() + 30
+    while (holder := slot_holder(pg_conn, "held_slot")) is None:
+        assert time.monotonic() < deadline, "the reader never held the slot"
+        time.sleep(0.05)
+    source.slot_release_seconds = 0.5
+    with pytest.raises(FailedPrecondition, match=f"'held_slot' is in use by server process "
+                                                 f"{holder}"):
+        remove_source_of(source)
+    assert slot_exists(pg_conn, "held_slot")
+    refused = cli_delete(tmp_path, "held")  # waits SLOT_RELEASE_SECONDS
+    assert refused.returncode != 0 and "'held_slot' is in use" in refused.stderr, refused
+    assert catalog.get("held").definition.name == "held"  # still there
+    reader.close()
+    deleted = cli_delete(tmp_path, "held")
+    assert deleted.returncode == 0, deleted
+    assert not slot_exists(pg_conn, "held_slot")
+    with pytest.raises(NotFound):
+        catalog.get("held")
+
+
+def remove_source_of(source: Any) -> None:
+    try:
+        source.remove()
+    finally:
+        source.close()
+
+
+def cli_delete(tmp_path: Path, name: str) -> Any:
+    return subprocess.run([sys.executable, "-m", "cdcflow.cli.main", "streams", "--catalog",
+                           str(tmp_path / "catalog.db"), "delete", name], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def slot_holder(conn: Any, slot: str) -> int | None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+def slot_exists(conn: Any, slot: str) -> bool:
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        return cur.fetchone() is not None

@@ -26,7 +26,7 @@ from cdcflow.capture.postgres.snapshot import read_chunk
 from cdcflow.capture.postgres.stream import HEARTBEAT_PREFIX, CaptureLoop, Settings
 from cdcflow.capture.source import RowSink, Snapshot, SourceObject, WorkerHooks
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import InvalidArgument, NotFound
+from cdcflow.errors import FailedPrecondition, InvalidArgument, NotFound
 from cdcflow.model.source import POSTGRES, lsn_number
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.model.types import decode_value
@@ -58,6 +58,10 @@ class PostgresConfig:
             fnmatch.fnmatchcase(name, p) for p in self.exclude)
 
 
+SLOT_RELEASE_SECONDS, SLOT_RELEASE_POLL_SECONDS = 5.0, 0.2
+"""How long dropping a slot waits for its reader to let go, and how often it looks."""
+
+
 class PostgresSource:
     kind = POSTGRES
     has_worker = True
@@ -70,6 +74,7 @@ class PostgresSource:
         self.source_id = f"postgres:{config.slot}"
         self._sql: Any = None
         self._exporter: Any = None  # the replication connection holding the snapshot
+        self.slot_release_seconds = SLOT_RELEASE_SECONDS
 
     # ---- connections and the catalog ----------------------------------------------------
 
@@ -249,9 +254,36 @@ class PostgresSource:
                 "confirmed_flush_lsn": row[2]}
 
     def drop_slot(self) -> None:
-        with self._conn().cursor() as cur:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                        "WHERE slot_name = %s AND NOT active", (self.config.slot,))
+        """Drop the stream's slot if there is one. A slot that a reader holds (a capture
+        worker on its way out, say) is waited for up to `slot_release_seconds`, then refused
+        with FailedPrecondition naming it and the server process that holds it: a slot left
+        behind would keep the server's WAL forever."""
+        deadline = self.clock.now() + timedelta(seconds=self.slot_release_seconds)
+        while (holder := self._try_drop_slot()) is not None:
+            if self.clock.now() >= deadline:
+                raise FailedPrecondition(
+                    f"replication slot {self.config.slot!r} is in use by server process "
+                    f"{holder}, so it was not dropped; stop what reads it (a capture worker "
+                    "of a runner that still runs?) and try again, or keep the slot")
+            self.clock.sleep(SLOT_RELEASE_POLL_SECONDS)
+
+    def _try_drop_slot(self) -> int | None:
+        """Drop the slot unless a reader holds it; the holder's process id, else None."""
+        try:
+            with self._conn().cursor() as cur:
+                cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                            (self.config.slot,))
+                row = cur.fetchone()
+                if row is None:
+                    return None
+                if row[0] is not None:
+                    return int(row[0])
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (self.config.slot,))
+        except psycopg2.errors.ObjectInUse:
+            return -1  # taken between the look and the drop: look again
+        except psycopg2.Error as error:
+            raise typed(error, f"dropping replication slot {self.config.slot!r}") from None
+        return None
 
     def remove(self) -> None:
         """Drop the slot and the publication (deleting the stream)."""
