@@ -161,7 +161,10 @@ def test_sigkill_mid_batch_then_restart_delivers_every_mod_exactly_once(tmp_path
 def test_backfill_snapshot_then_stream_from_its_timestamp(spark, tmp_path: Path):
     db, path = _prepare(tmp_path)
     processes, _ = _start_load(path, tmp_path, 2, 200, 0.005, 3.0)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 120
+    while len(list(db.scan("Accounts"))) < 20:  # the snapshot comes while writers write
+        assert time.monotonic() < deadline, "the writers wrote nothing"
+        time.sleep(0.05)
     at = db.current_timestamp()
     snapshot = (spark.read.format("cdcflow").option("database", path).option("table", "Accounts")
                 .option("readTimestamp", at.isoformat()).option("numPartitions", 3).load())
@@ -177,6 +180,7 @@ def test_backfill_snapshot_then_stream_from_its_timestamp(spark, tmp_path: Path)
              .option("checkpointLocation", str(tmp_path / "ckpt2"))
              .trigger(availableNow=True).start())
     query.awaitTermination(180)
+    assert rows, "no change came after the snapshot: it was not taken mid-load"
     assert all(_ts(r) > to_micros(at) for r in rows), "overlap with the snapshot"
     for record in records_from_rows(rows):
         if record.table_name != "Accounts":
