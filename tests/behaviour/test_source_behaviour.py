@@ -194,8 +194,9 @@ def test_killed_at_random_points_then_resumed_loses_and_doubles_nothing(
         deadline = time.monotonic() + 120
         while logged_since(log_path, stream, round_start) < wanted and (
                 capture is not None or writer.is_alive()):
-            assert time.monotonic() < deadline
-            time.sleep(rng.uniform(0, 0.01))
+            assert capture is None or capture.is_alive(), "the capture worker died"
+            assert time.monotonic() < deadline, "the round's changes never reached the log"
+            time.sleep(rng.uniform(0, 0.05))
         victim = capture if capture is not None else writer
         helpers = children_of(victim.pid)
         helpers_seen += len(helpers)
@@ -218,7 +219,8 @@ def test_killed_at_random_points_then_resumed_loses_and_doubles_nothing(
 def logged_since(path: str, stream: str, start: Any) -> int:
     """Mods the change log holds after `start`."""
     log = open_log(path)
-    records = follow_change_stream(log, stream, start, log.current_timestamp()).records
+    records = follow_change_stream(log, stream, start, log.current_timestamp(),
+                                   workers=1).records
     return sum(len(r.mods) for r in records)
 
 

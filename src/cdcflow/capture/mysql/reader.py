@@ -29,6 +29,7 @@ import os
 import pickle
 import select
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -71,17 +72,17 @@ class BinlogReader:
 
     def __init__(self, read_from: ReadFrom) -> None:
         mine, theirs = socket.socketpair()
-        package_root = str(Path(__file__).resolve().parents[3])
-        path = os.environ.get("PYTHONPATH")
-        environment = os.environ | {
-            "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
-        with theirs:
+        with theirs:  # -P: nothing of the working directory on the reader's import path
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cdcflow.capture.mysql.reader", str(theirs.fileno()),
-                 str(os.getpid())], pass_fds=(theirs.fileno(),), env=environment,
-                stdin=subprocess.DEVNULL)
+                [sys.executable, "-P", "-m", "cdcflow.capture.mysql.reader",
+                 str(theirs.fileno()), str(os.getpid())], pass_fds=(theirs.fileno(),),
+                env=_environment(), stdin=subprocess.DEVNULL)
         self.inbox = Connection(mine.detach())
-        self.inbox.send(read_from)
+        try:
+            self.inbox.send(read_from)
+        except BaseException:
+            self.close()
+            raise
 
     def take(self, seconds: float) -> list[Event]:
         """The next message's events; [] when none came within `seconds`."""
@@ -110,13 +111,26 @@ class BinlogReader:
         self.inbox.close()
 
 
+def _environment() -> dict[str, str]:
+    """The capture's environment, with the folder of this cdcflow first on PYTHONPATH when
+    it is not a site-packages folder the interpreter reads anyway (a source checkout), so
+    that the reader runs the same cdcflow."""
+    package_root = Path(__file__).resolve().parents[3]
+    installed = {Path(p).resolve() for p in site.getsitepackages()}
+    if package_root in installed:
+        return dict(os.environ)
+    path = os.environ.get("PYTHONPATH")
+    return os.environ | {"PYTHONPATH": str(package_root) + (os.pathsep + path if path else "")}
+
+
 def read_binlog(outbox: Connection, parent: int) -> None:
     """The reader process: stream the binlog into `outbox` until the capture goes."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         return  # the capture went before the reader could follow it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the capture's to handle
+    for handled_by_the_capture in (signal.SIGINT, signal.SIGTERM):  # it stops the reader
+        signal.signal(handled_by_the_capture, signal.SIG_IGN)
     try:
         _Reading(outbox.recv(), outbox).run()
     except (BrokenPipeError, ConnectionResetError, EOFError):

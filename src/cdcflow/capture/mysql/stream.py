@@ -38,7 +38,7 @@ from cdcflow.capture.mysql.rebackfill import Rebackfill
 from cdcflow.capture.mysql.rows import RowShape, described_shape
 from cdcflow.capture.source import WorkerHooks
 from cdcflow.clock import SYSTEM_CLOCK
-from cdcflow.errors import InvalidArgument, TypeMismatch
+from cdcflow.errors import InvalidArgument, TypeMismatch, Unavailable
 from cdcflow.model.changes import SourceChange, SourceTransaction
 from cdcflow.model.source import MYSQL, SourceMetadata
 from cdcflow.model.timestamps import to_micros
@@ -116,18 +116,24 @@ class BinlogCapture:
 
     def run(self, stop: threading.Event) -> None:
         """Read until `stop` is set (seen within TAKE_SECONDS)."""
-        self.reader = BinlogReader(self._read_from())
         try:
+            self.reader = BinlogReader(self._read_from())
             while not stop.is_set():
                 if self.unsaved is not None and self.group is None and self._batch_due():
                     self._flush()  # checked between transactions only
                 if not self.events:
-                    self.events.extend(self.reader.take(TAKE_SECONDS))
+                    try:
+                        self.events.extend(self.reader.take(TAKE_SECONDS))
+                    except Unavailable:
+                        if stop.is_set():  # the reader went with a stop (a SIGTERM to all)
+                            break
+                        raise
                     continue
                 self._handle(self.events.popleft())
             self._flush()
         finally:
-            self.reader.close()
+            if self.reader is not None:
+                self.reader.close()
 
     def _handle(self, event: Event) -> None:
         tag = event[0]
