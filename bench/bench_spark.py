@@ -1,8 +1,10 @@
 """End-to-end Spark throughput from the embedded database into a no-op foreachBatch (issue 3).
 
 Usage: python bench/bench_spark.py [--transactions 25000] [--partitions 1 2 4]
+                                   [--checksummed-files]
 Expected output: per partition count, mods/s through Spark, mods/s of a plain Python loop over
-read_change_stream on the same data, their ratio, and the source's planning time per batch.
+read_change_stream on the same data, their ratio, the source's planning time per batch, and
+the time per batch of Spark's phases (walCommit and commitOffsets log to the checkpoint).
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ def python_loop(db: Database) -> tuple[int, float]:
     return mods, time.perf_counter() - began
 
 
-def spark_run(spark, path: str, folder: Path, per_batch: int) -> tuple[int, float, float, int]:
+PHASES = ("latestOffset", "walCommit", "addBatch", "commitOffsets")
+
+
+def spark_run(spark, path: str, folder: Path, per_batch: int
+              ) -> tuple[int, float, float, int, dict[str, float]]:
     counted: list[int] = []
 
     def sink(frame, _batch_id: int) -> None:
@@ -59,7 +65,9 @@ def spark_run(spark, path: str, folder: Path, per_batch: int) -> tuple[int, floa
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     planning = [p["durationMs"].get("latestOffset", 0) + p["durationMs"].get("queryPlanning", 0)
                 + p["durationMs"].get("getBatch", 0) for p in progress]
-    return rows, elapsed, sum(planning) / max(len(planning), 1), len(progress)
+    phases = {name: sum(p["durationMs"].get(name, 0) for p in progress) / max(len(progress), 1)
+              for name in PHASES}
+    return rows, elapsed, sum(planning) / max(len(planning), 1), len(progress), phases
 
 
 def main() -> None:
@@ -67,8 +75,14 @@ def main() -> None:
     parser.add_argument("--transactions", type=int, default=25_000)
     parser.add_argument("--partitions", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--per-batch", type=int, default=25_000)
+    parser.add_argument("--checksummed-files", action="store_true",
+                        help="checkpoint through Hadoop's checksummed local file system "
+                             "(Spark's default) instead of cdcflow's raw one")
     args = parser.parse_args()
-    spark = session("cdcflow-bench", master="local[*]")
+    chosen = {"spark_hadoop_fs_file_impl": "org.apache.hadoop.fs.LocalFileSystem",
+              "spark_hadoop_fs_AbstractFileSystem_file_impl": "org.apache.hadoop.fs.local.LocalFs"}
+    spark = session("cdcflow-bench", master="local[*]",
+                    **(chosen if args.checksummed_files else {}))
     spark.sparkContext.setLogLevel("ERROR")
     print(f"Spark end to end, {args.transactions} transactions x 4 mods, "
           f"maxRecordsPerTrigger={args.per_batch}, {spark.sparkContext.defaultParallelism} cores")
@@ -77,7 +91,8 @@ def main() -> None:
             path = str(Path(folder) / f"p{count}.db")
             db = populate(path, args.transactions, count)
             spark_run(spark, path, Path(folder), args.per_batch)  # warm-up
-            rows, elapsed, planning, batches = spark_run(spark, path, Path(folder), args.per_batch)
+            rows, elapsed, planning, batches, phases = spark_run(spark, path, Path(folder),
+                                                                 args.per_batch)
             mods, loop_seconds = python_loop(db)
             assert rows == mods, (rows, mods)
             spark_rate, loop_rate = rows / elapsed, mods / loop_seconds
@@ -85,6 +100,7 @@ def main() -> None:
                   f"({batches} batches, planning {planning:.0f} ms/batch); "
                   f"python loop {loop_rate:,.0f} mods/s; ratio spark/loop "
                   f"{spark_rate / loop_rate:.2f}")
+            print("    ms per batch: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
     spark.stop()
 
 

@@ -37,7 +37,9 @@ def test_a_query_killed_while_logging_its_first_offsets_starts_again(spark, tmp_
     shutil.copy(done / "metadata", killed / "metadata")
     name = f"0.{uuid.uuid4()}.tmp"
     shutil.copy(done / "offsets" / "0", killed / "offsets" / f".{name}")
-    shutil.copy(done / "offsets" / ".0.crc", killed / "offsets" / f"..{name}.crc")
+    # Hadoop's checksummed local file system (the default before UNCHECKSUMMED_LOCAL_FILES)
+    # wrote a side file beside the temporary one; a kill leaves both.
+    (killed / "offsets" / f"..{name}.crc").write_bytes(b"crc\0\0\0\0\1")
     query = apply_change_stream(spark, path, "S", tmp_path / "w2", killed,
                                 trigger={"availableNow": True})
     query.awaitTermination(120)
