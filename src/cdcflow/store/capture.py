@@ -3,6 +3,10 @@
 Pure: no I/O. One record per (stream, table, mod_type, partition) group, in order of first
 appearance; `record_sequence` numbers the records of one stream's transaction from 0, so it
 increases strictly across all of that transaction's partitions.
+
+`build_records` and `encode_record` are the plain path: records as objects, then their log
+bodies. A native commit takes the shortcut `cdcflow.store.native_entries`, tested to give the
+same bodies.
 """
 
 from __future__ import annotations
@@ -65,6 +69,16 @@ class LogEntry:
 
 def build_mod(change: RowChange, watched: tuple[str, ...], capture: str) -> Mod | None:
     """The mod of one row change for a stream, or None when the stream does not see it."""
+    values = mod_values(change, watched, capture)
+    return None if values is None else Mod(*values)
+
+
+ModValues = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+"""A mod's keys, new values and old values."""
+
+
+def mod_values(change: RowChange, watched: tuple[str, ...], capture: str) -> ModValues | None:
+    """`build_mod`'s keys, new values and old values, or None."""
     mod_type = change.mod_type
     schema = change.schema
     row = change.after if change.after is not None else change.before
@@ -72,26 +86,24 @@ def build_mod(change: RowChange, watched: tuple[str, ...], capture: str) -> Mod 
     keys = {name: row[name] for name in schema.primary_key}
     if mod_type == "INSERT":
         after = change.after or {}
-        return Mod(keys, {c: after.get(c) for c in watched}, {})
+        return keys, {c: after.get(c) for c in watched}, {}
     before = change.before or {}
     if mod_type == "DELETE":
         keeps_old = capture in ("OLD_AND_NEW_VALUES", "NEW_ROW_AND_OLD_VALUES")
-        return Mod(keys, {}, {c: before.get(c) for c in watched} if keeps_old else {})
+        return keys, {}, {c: before.get(c) for c in watched} if keeps_old else {}
     after = change.after or {}
     modified = [c for c in watched if c in change.written]
     if not modified:
         return None
     match capture:
         case "OLD_AND_NEW_VALUES":
-            return Mod(keys, {c: after.get(c) for c in modified},
-                       {c: before.get(c) for c in modified})
+            return keys, {c: after.get(c) for c in modified}, {c: before.get(c) for c in modified}
         case "NEW_VALUES":
-            return Mod(keys, {c: after.get(c) for c in modified}, {})
+            return keys, {c: after.get(c) for c in modified}, {}
         case "NEW_ROW":
-            return Mod(keys, {c: after.get(c) for c in watched}, {})
+            return keys, {c: after.get(c) for c in watched}, {}
         case _:
-            return Mod(keys, {c: after.get(c) for c in watched},
-                       {c: before.get(c) for c in modified})
+            return keys, {c: after.get(c) for c in watched}, {c: before.get(c) for c in modified}
 
 
 def column_types(schema: TableSchema, watched: tuple[str, ...]) -> tuple[ColumnTypeInfo, ...]:
@@ -167,7 +179,7 @@ def encode_record(record: DataChangeRecord) -> str:
     """The log body of a record: its `to_dict()` JSON, with the column types and the source
     block (shared by many records) encoded once."""
     body: dict[str, Any] = {
-        "column_types": _column_types_json(record.column_types),
+        "column_types": column_types_json(record.column_types),
         "mods": [m.to_dict() for m in record.mods],
         "commit_timestamp": _commit_text(record.commit_timestamp),
         "record_sequence": record.record_sequence,
@@ -192,7 +204,7 @@ def _column_types_text(column_types: tuple[ColumnTypeInfo, ...]) -> orjson.Fragm
                                       separators=(",", ":")))
 
 
-_column_types_json = IdentityMemo(_column_types_text)
+column_types_json = IdentityMemo(_column_types_text)
 """Found by identity first (a capture source reuses one tuple per relation); native commits
 build equal tuples per transaction, which the lru_cache finds by value."""
 

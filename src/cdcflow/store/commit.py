@@ -14,7 +14,7 @@ from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import format_rfc3339, from_micros
 from cdcflow.model.types import COMMIT_TIMESTAMP
 from cdcflow.store import log, partition_map, retention
-from cdcflow.store.capture import LogEntry, RowChange, build_records, encode_record
+from cdcflow.store.capture import LogEntry, RowChange, encode_record
 from cdcflow.store.catalog import (
     Catalog,
     commit_micros_after,
@@ -22,6 +22,7 @@ from cdcflow.store.catalog import (
     next_commit_micros,
 )
 from cdcflow.store.mutations import Mutation, apply_mutation, table_shape, validate_mutation
+from cdcflow.store.native_entries import native_entries
 from cdcflow.store.rows import VersionRow, latest_versions, version_row, write_versions
 from cdcflow.store.session import Session
 from cdcflow.store.sqlite import write_meta, write_transaction
@@ -41,9 +42,12 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
             maintain_indexes(session.conn, catalog, ((c.schema, c.encoded_key, c.after)
                                                      for c in changes))
         streams = {s.name: s for c in changes for s in catalog.streams_watching(c.schema.name)}
-        entries = build_records(changes, list(streams.values()), session.ranges_of,
-                                from_micros(micros), transaction_id)
-        append_entries(session, catalog, entries, micros)
+        entries = native_entries(changes, list(streams.values()), session.ranges_of, micros,
+                                 transaction_id)
+        log.insert_data_records(session.conn, (log.DataRow(e.stream, e.token, micros,
+                                                           e.sequence, e.mods, e.body)
+                                               for e in entries))
+        _after_append(session, catalog, {e.stream for e in entries}, micros)
     return micros
 
 
