@@ -79,8 +79,7 @@ def main() -> None:
                         help="checkpoint through Hadoop's checksummed local file system "
                              "(Spark's default) instead of cdcflow's raw one")
     args = parser.parse_args()
-    chosen = {"spark_hadoop_fs_file_impl": "org.apache.hadoop.fs.LocalFileSystem",
-              "spark_hadoop_fs_AbstractFileSystem_file_impl": "org.apache.hadoop.fs.local.LocalFs"}
+    chosen = {"spark_hadoop_fs_AbstractFileSystem_file_impl": "org.apache.hadoop.fs.local.LocalFs"}
     spark = session("cdcflow-bench", master="local[*]",
                     **(chosen if args.checksummed_files else {}))
     spark.sparkContext.setLogLevel("ERROR")

@@ -77,9 +77,12 @@ def partition_ranges(draw: Any) -> PartitionRanges:
 @given(st.lists(row_changes(), max_size=8),
        st.lists(st.sampled_from(["S1", "S2", "S3"]), unique=True, max_size=3).flatmap(
            lambda names: st.tuples(*(change_streams(n) for n in names))),
-       partition_ranges(), st.integers(0, 4 * 10**15), st.integers(1, 10**6))
+       st.lists(partition_ranges(), min_size=3, max_size=3), st.integers(0, 4 * 10**15),
+       st.integers(1, 10**6))
 def test_native_entries_are_the_encoded_plain_records(changes, streams, ranges, micros, txn):
-    ranges_of = {s.name: ranges for s in streams}.__getitem__
+    """Each stream has partitions of its own (tokens named after it)."""
+    ranges_of = {s.name: PartitionRanges(r.starts, tuple(f"{s.name}-{t}" for t in r.tokens))
+                 for s, r in zip(streams, ranges, strict=False)}.__getitem__
     plain = [(e.stream, e.token, e.sequence, len(e.record.mods), encode_record(e.record))
              for e in build_records(changes, list(streams), ranges_of, from_micros(micros),
                                     str(txn))]

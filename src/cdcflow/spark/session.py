@@ -106,17 +106,22 @@ def on_loopback(master: str | None) -> bool:
 
 
 UNCHECKSUMMED_LOCAL_FILES = {
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
 }
-"""Local paths (`file:`) through Hadoop's raw local file system, without its `.crc` side files.
+"""Local paths (`file:`) opened through Hadoop's FileContext (Spark's checkpoint logs) use the
+raw local file system, without its `.crc` side files.
 
 Every micro-batch logs its offsets and its commit in the checkpoint, each written aside and
 renamed. With the checksummed default each write also writes, renames and checks a `.crc`
-file: those two steps took about 38 and 46 ms a batch here, 21 and 22 ms without
+file: those two steps took about 38 and 46 ms a batch here, 18 and 22 ms without
 (`bench/bench_spark.py [--checksummed-files]`: `walCommit` and `commitOffsets`). The renames
-stay atomic. Side files an older checkpoint holds are ignored, so it continues. A caller's
-own setting of either key wins."""
+stay atomic; a damaged entry is no longer caught by a checksum. The FileSystem API
+(`fs.file.impl`) stays checksummed: Hadoop's `FileSystem.getLocal`, which `sc.textFile` and
+the other Hadoop-file reads call, requires that class. A checkpoint an older cdcflow wrote
+continues (its side files are listed now, and ignored; a killed write's side file is removed
+with the write, `cdcflow.spark.queries.remove_unfinished_writes`). A value of this key given
+to `session(...)` wins; like cdcflow's other settings, this one wins over spark-defaults.conf
+and spark-submit's --conf, and a SparkContext already running keeps its own."""
 
 
 def _settings(verbose: bool, conf: dict[str, str], loopback: bool) -> dict[str, str]:

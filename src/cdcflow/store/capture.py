@@ -205,8 +205,9 @@ def _column_types_text(column_types: tuple[ColumnTypeInfo, ...]) -> orjson.Fragm
 
 
 column_types_json = IdentityMemo(_column_types_text)
-"""Found by identity first (a capture source reuses one tuple per relation); native commits
-build equal tuples per transaction, which the lru_cache finds by value."""
+"""Found by identity first (a capture source reuses one tuple per relation, native commits one
+per stream and schema: `cdcflow.store.native_entries`); equal tuples built again are found
+by value by the lru_cache."""
 
 
 

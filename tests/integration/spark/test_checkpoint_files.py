@@ -1,6 +1,7 @@
 """The checkpoint's offset and commit logs are written through Hadoop's raw local file system
 (`UNCHECKSUMMED_LOCAL_FILES`): no `.crc` side file per entry, and side files that a
-checksummed writer left in an older checkpoint are ignored, so such a checkpoint continues."""
+checksummed writer left in an older checkpoint are ignored, so such a checkpoint continues.
+Hadoop's FileSystem API keeps its checksummed class, which `sc.textFile` needs."""
 
 from __future__ import annotations
 
@@ -48,11 +49,20 @@ def test_logs_have_no_crc_files_and_left_over_ones_are_ignored(spark, tmp_path: 
         list(range(30)))
 
 
-def test_a_callers_own_file_system_setting_wins():
-    chosen = {"spark_hadoop_fs_file_impl": "org.apache.hadoop.fs.LocalFileSystem"}
-    settings = _settings(False, chosen, False)
-    assert settings["spark.hadoop.fs.file.impl"] == "org.apache.hadoop.fs.LocalFileSystem"
+def test_the_filesystem_api_keeps_its_checksummed_class(spark, tmp_path: Path):
+    """Hadoop's `FileSystem.getLocal` (every `sc.textFile`, `hadoopFile`...) casts to the
+    checksummed class: only FileContext's key is changed, so those reads still work."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
     key = "spark.hadoop.fs.AbstractFileSystem.file.impl"
-    assert settings[key] == UNCHECKSUMMED_LOCAL_FILES[key]
-    assert _settings(False, {}, False)["spark.hadoop.fs.file.impl"] == (
-        "org.apache.hadoop.fs.RawLocalFileSystem")
+    assert conf.get(key.removeprefix("spark.hadoop.")) == UNCHECKSUMMED_LOCAL_FILES[key]
+    assert conf.get("fs.file.impl") is None
+    text = tmp_path / "lines.txt"
+    text.write_text("one\ntwo\n")
+    assert spark.sparkContext.textFile(str(text)).collect() == ["one", "two"]
+
+
+def test_a_callers_own_file_system_setting_wins():
+    key = "spark.hadoop.fs.AbstractFileSystem.file.impl"
+    chosen = {key.replace(".", "_"): "org.apache.hadoop.fs.local.LocalFs"}
+    assert _settings(False, chosen, False)[key] == "org.apache.hadoop.fs.local.LocalFs"
+    assert _settings(False, {}, False)[key] == "org.apache.hadoop.fs.local.RawLocalFs"
