@@ -44,10 +44,8 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
         streams = {s.name: s for c in changes for s in catalog.streams_watching(c.schema.name)}
         entries = native_entries(changes, list(streams.values()), session.ranges_of, micros,
                                  transaction_id)
-        log.insert_data_records(session.conn, (log.DataRow(e.stream, e.token, micros,
-                                                           e.sequence, e.mods, e.body)
-                                               for e in entries))
-        _after_append(session, catalog, {e.stream for e in entries}, micros)
+        append_rows(session, catalog, (log.DataRow(e.stream, e.token, micros, e.sequence,
+                                                   e.mods, e.body) for e in entries), micros)
     return micros
 
 
@@ -100,15 +98,23 @@ def append_timed(session: Session, catalog: Catalog, entries: Iterable[tuple[int
                  last_micros: int) -> None:
     """Append records, each at its own commit micros (several transactions, in order; the
     last at `last_micros`), then split, merge and expire once, as `append_entries`."""
+    append_rows(session, catalog, (log.DataRow(e.stream, e.token, micros, e.sequence,
+                                               len(e.record.mods), encode_record(e.record))
+                                   for micros, e in entries), last_micros)
+
+
+def append_rows(session: Session, catalog: Catalog, rows: Iterable[log.DataRow],
+                last_micros: int) -> None:
+    """Insert encoded records (streamed into the log), then split, merge and expire once for
+    the streams they belong to; the last commit is at `last_micros`."""
     streams: set[str] = set()
 
-    def rows() -> Iterator[log.DataRow]:
-        for micros, e in entries:
-            streams.add(e.stream)
-            yield log.DataRow(e.stream, e.token, micros, e.sequence, len(e.record.mods),
-                              encode_record(e.record))
+    def noted() -> Iterator[log.DataRow]:
+        for row in rows:
+            streams.add(row.stream)
+            yield row
 
-    log.insert_data_records(session.conn, rows())
+    log.insert_data_records(session.conn, noted())
     _after_append(session, catalog, streams, last_micros)
 
 
