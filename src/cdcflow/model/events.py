@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Final
 
+import orjson
+
 from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord
 from cdcflow.model.source import (
@@ -132,7 +134,17 @@ def _json_value(value: Any, column: ColumnTypeInfo) -> Any:
 
 def schema_key(object_name: str, column_types: Iterable[ColumnTypeInfo]) -> str:
     """Identifies the unified schema: changes when a column, type or key changes."""
-    return _schema_key(object_name, tuple(column_types))
+    types = tuple(column_types)
+    known = _schema_keys(types)  # the events of a table share one tuple: found by identity
+    key = known.get(object_name)
+    if key is None:
+        key = known[object_name] = _schema_key(object_name, types)
+    return key
+
+
+_schema_keys: IdentityMemo[tuple[ColumnTypeInfo, ...], dict[str, str]] = IdentityMemo(
+    lambda _: {}, size=256)
+"""Per column-types tuple: its schema key per object name."""
 
 
 @lru_cache(maxsize=1024)
@@ -258,7 +270,7 @@ def change_of_row(row: dict[str, Any]) -> Change:
     source_stamp = row["source_timestamp"]
     source_stamp = source_stamp if source_stamp.tzinfo is not None else source_stamp.replace(
         tzinfo=UTC)
-    position = json.loads(row["source_metadata"])
+    position = orjson.loads(row["source_metadata"])
     tx_id = str(position.pop("tx_id", row["server_transaction_id"]))
     source = SourceMetadata(row["read_method"], source_stamp, tx_id, position)
     return Change(row["table_name"], row["mod_type"],

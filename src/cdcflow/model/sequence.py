@@ -72,6 +72,24 @@ class ChangeSequenceNumber:
         return "".join(f"{s:016X}" for s in self.sections)
 
 
+_TEXT: Final = re.compile(r"[0-9A-Fa-f]{1,16}(?:/[0-9A-Fa-f]{1,16}){0,3}")
+"""What `parse` accepts, in one pattern."""
+
+
 def sort_key_of(text: str | None) -> str:
-    """The sort key of a sequence number text; "" (lowest) when there is none."""
-    return "" if text is None else ChangeSequenceNumber.parse(text).sort_key
+    """The sort key of a sequence number text; "" (lowest) when there is none. Each
+    section padded to 16 digits is the section's number in 16 digits, so a well-formed text
+    needs no parsing (a malformed one gets `parse`'s error)."""
+    if text is None:
+        return ""
+    if not isinstance(text, str) or _TEXT.fullmatch(text) is None:
+        return ChangeSequenceNumber.parse(text).sort_key
+    return "".join(section.rjust(16, "0") for section in text.upper().split("/"))
+
+
+def sequence_text(*values: int) -> str:
+    """`str(ChangeSequenceNumber.from_ints(*values))`, without building the number when the
+    values are sections (its error when they are not)."""
+    if 1 <= len(values) <= 4 and all(0 <= v <= _MAX_SECTION for v in values):
+        return "/".join(f"{v:X}" for v in values)
+    return str(ChangeSequenceNumber.from_ints(*values))

@@ -29,6 +29,7 @@ from cdcflow.model.timestamps import to_micros
 from cdcflow.spark.driver_batch import DriverReader
 from cdcflow.spark.options import parse_options
 from cdcflow.spark.queries import remove_unfinished_writes
+from cdcflow.spark.rows import batch_dicts
 from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
@@ -92,7 +93,7 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
     not yet committed for this batch), describe what was written."""
     from pyspark import TaskContext
 
-    mods = [m for b in batches for m in b.to_pylist() if m["table_name"] in plan.objects]
+    mods = [m for b in batches for m in batch_dicts(b) if m["table_name"] in plan.objects]
     if not mods:
         return
     context = TaskContext.get()

@@ -1,11 +1,12 @@
 """Fold a batch's mods into whole rows, and the CDC-table changes that carry them. Pure.
 
 Mods are rows of the "cdcflow" source (dicts of its columns: values as JSON text with
-`column_types`). Change records may carry partial new values (OLD_AND_NEW_VALUES and
-NEW_VALUES hold only the written columns; a DELETE under NEW_VALUES or NEW_ROW holds only the
-key), so each key's mods are folded in log order onto the key's row before the batch, which is
-looked up in the key's table (the ranges holding those keys plus its pending changes). Batches
-are processed in order, so that row reflects every earlier batch.
+`column_types`, written by the source with orjson and read back with it). Change records may
+carry partial new values (OLD_AND_NEW_VALUES and NEW_VALUES hold only the written columns; a
+DELETE under NEW_VALUES or NEW_ROW holds only the key), so each key's mods are folded in log
+order onto the key's row before the batch, which is looked up in the key's table (the ranges
+holding those keys plus its pending changes). Batches are processed in order, so that row
+reflects every earlier batch.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from datetime import UTC
 from functools import lru_cache
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from cdcflow.model.records import ColumnTypeInfo
-from cdcflow.model.sequence import ChangeSequenceNumber
+from cdcflow.model.sequence import sequence_text
 from cdcflow.model.timestamps import to_micros
 from cdcflow.model.types import decode_value
 from cdcflow.table.arrow_types import arrow_type
@@ -107,7 +109,7 @@ def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]],
             row = python_row(types, values)
             return tuple(row[n] for n in names)
 
-        wanted = [key_of(json.loads(group[0]["keys"])) for group in keyed.values()
+        wanted = [key_of(orjson.loads(group[0]["keys"])) for group in keyed.values()
                   if _needs_base(group[0])]
         wanted += [key_of(moved) for group in keyed.values() for mod in group
                    if (moved := _moved_from(mod)) is not None]
@@ -141,22 +143,22 @@ def _moved_from(mod: dict[str, Any]) -> dict[str, Any] | None:
     text = mod.get("source_metadata") or "{}"
     if '"moved_from"' not in text:  # most inserts: no need to parse the block
         return None
-    moved: dict[str, Any] | None = json.loads(text).get("moved_from")
+    moved: dict[str, Any] | None = orjson.loads(text).get("moved_from")
     return moved
 
 
 def _fold_key(table: str, group: list[dict[str, Any]], context: _Context) -> FoldedKey:
     types = _types_of(group[-1])
     names = list(dict.fromkeys([*(context.columns or ()), *types]))
-    keys = python_row(types, json.loads(group[0]["keys"]))
+    keys = python_row(types, orjson.loads(group[0]["keys"]))
     state: dict[str, Any] | None = context.base.get(context.key(keys))
     rows = []
     for mod in group:
         own = _types_of(mod)  # a column added or dropped within the batch: each its own
-        new = python_row(own, json.loads(mod["new_values"]))
+        new = python_row(own, orjson.loads(mod["new_values"]))
         empty = {c: None for c in names}
         if mod["mod_type"] == "DELETE":
-            old = python_row(own, json.loads(mod["old_values"]))
+            old = python_row(own, orjson.loads(mod["old_values"]))
             rows.append(empty | (state or {}) | old | keys)
             context.deleted[context.key(keys)] = rows[-1]
             state = None
@@ -186,8 +188,7 @@ def sequence_of(mod: dict[str, Any]) -> str:
     stamp = mod["commit_timestamp"]
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=UTC)
-    return str(ChangeSequenceNumber.from_ints(
-        to_micros(stamp), int(mod["record_sequence"]), int(mod["mod_index"])))
+    return sequence_text(to_micros(stamp), int(mod["record_sequence"]), int(mod["mod_index"]))
 
 
 def added_fields(schema: pa.Schema, folded: list[FoldedKey]) -> list[pa.Field]:
