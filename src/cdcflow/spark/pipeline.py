@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.events.files import EventFileWriter, Rotation
+from cdcflow.model.collector import collector_paused
 from cdcflow.model.events import change_of_row, event_of_change
 from cdcflow.model.timestamps import to_micros
 from cdcflow.spark.driver_batch import DriverReader
@@ -90,14 +91,24 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
                       write_tables: bool = True, write_events: bool = True
                       ) -> Iterator[pa.RecordBatch]:
     """Executor side: fold, write pending files and event files (those of the destinations
-    not yet committed for this batch), describe what was written."""
+    not yet committed for this batch), describe what was written. The batch's objects form
+    no cycles: the cyclic collector is paused meanwhile (`cdcflow.model.collector`)."""
     from pyspark import TaskContext
 
-    mods = [m for b in batches for m in batch_dicts(b) if m["table_name"] in plan.objects]
-    if not mods:
-        return
     context = TaskContext.get()
     part = context.partitionId() if context is not None else 0
+    with collector_paused():
+        out = _write_partition(plan, batch_id, part, batches, write_tables, write_events)
+    if out:
+        yield pa.RecordBatch.from_pylist(out)
+
+
+def _write_partition(plan: BatchPlan, batch_id: int, part: int,
+                     batches: Iterator[pa.RecordBatch], write_tables: bool,
+                     write_events: bool) -> list[dict[str, Any]]:
+    mods = [m for b in batches for m in batch_dicts(b) if m["table_name"] in plan.objects]
+    if not mods:
+        return []
     tables: dict[str, CdcTable | None] = {
         name: CdcTable.open(plan.tables[name]) if name in plan.tables else None
         for name in plan.objects}
@@ -125,7 +136,7 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
         out.append(_out("events", files=json.dumps(files), events=len(events),
                         last_micros=last))
     out.append(_out("count", rows=len(mods), last_micros=last))
-    yield pa.RecordBatch.from_pylist(out)
+    return out
 
 
 def _committed(root: str, app_id: str, batch_id: int, logs: PendingLogs) -> bool:

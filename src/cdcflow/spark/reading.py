@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from cdcflow.model.collector import collector_paused
 from cdcflow.model.partitions import PartitionMetadata
 from cdcflow.model.source import EMBEDDED
 from cdcflow.model.timestamps import format_rfc3339, from_micros, parse_timestamp, to_micros
@@ -177,10 +178,16 @@ def _source_columns(record: dict[str, Any], micros: int) -> tuple[str, int, dict
 
 
 def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
-    """One row per mod (or per raw record), as Arrow record batches."""
+    """One row per mod (or per raw record), as Arrow record batches; the cyclic collector
+    is paused while they are made (no cycles among them: `cdcflow.model.collector`)."""
     if piece.raw:
         yield from _read_raw(piece)
         return
+    with collector_paused():
+        yield from _change_batches(piece)
+
+
+def _change_batches(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     schema = arrow_of(CHANGE_COLUMNS)
     rows: list[tuple[Any, ...]] = []
     for kind, micros, record in slice_bodies(piece):
