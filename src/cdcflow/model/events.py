@@ -267,16 +267,24 @@ def change_of_row(row: dict[str, Any]) -> Change:
     """The change of one row of the "cdcflow" source (a dict of its columns)."""
     stamp = row["commit_timestamp"]
     commit = stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
-    source_stamp = row["source_timestamp"]
-    source_stamp = source_stamp if source_stamp.tzinfo is not None else source_stamp.replace(
-        tzinfo=UTC)
-    position = orjson.loads(row["source_metadata"])
-    tx_id = str(position.pop("tx_id", row["server_transaction_id"]))
-    source = SourceMetadata(row["read_method"], source_stamp, tx_id, position)
+    source, position = _source_of_row(row["read_method"], row["source_timestamp"],
+                                      row["server_transaction_id"], row["source_metadata"])
     return Change(row["table_name"], row["mod_type"],
                   _column_types(row["column_types"]),
                   to_micros(commit), row["server_transaction_id"], row["record_sequence"],
                   int(row["mod_index"]), row["partition_token"], source, position)
+
+
+@lru_cache(maxsize=4096)
+def _source_of_row(read_method: str, source_stamp: datetime, server_transaction_id: str,
+                   text: str) -> tuple[SourceMetadata, dict[str, Any]]:
+    """The source block of a row and its position fields; the rows of one transaction share
+    them (read-only), unless each change has its own position (an LSN per change)."""
+    if source_stamp.tzinfo is None:
+        source_stamp = source_stamp.replace(tzinfo=UTC)
+    position = orjson.loads(text)
+    tx_id = str(position.pop("tx_id", server_transaction_id))
+    return SourceMetadata(read_method, source_stamp, tx_id, position), position
 
 
 def backfill_event(

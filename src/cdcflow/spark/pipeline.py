@@ -34,7 +34,7 @@ from cdcflow.spark.rows import batch_dicts
 from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
-from cdcflow.table.fold import LOG_ORDER, added_fields, fold_mods, pending_rows
+from cdcflow.table.fold import added_fields, fold_mods, pending_rows
 from cdcflow.table.pending import (
     PendingLogs,
     applied_version,
@@ -193,7 +193,8 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
         return [row for batch in process_partition(
             plan, batch_id, iter(small), write_tables, write_events)
             for row in batch.to_pylist()]
-    arranged = frame.repartition("table_name", "keys").sortWithinPartitions(*LOG_ORDER)
+    # no sort within the partitions: the fold puts each key's mods in log order itself
+    arranged = frame.repartition("table_name", "keys")
     return [r.asDict() for r in arranged.mapInArrow(
         lambda it: process_partition(plan, batch_id, it, write_tables, write_events),
         OUT_SCHEMA).collect()]
