@@ -90,6 +90,11 @@ def sort_key_of(text: str | None) -> str:
 def sequence_text(*values: int) -> str:
     """`str(ChangeSequenceNumber.from_ints(*values))`, without building the number when the
     values are sections (its error when they are not)."""
-    if 1 <= len(values) <= 4 and all(0 <= v <= _MAX_SECTION for v in values):
+    if len(values) == 3:  # commit micros / record sequence / mod index: the fold's case
+        first, second, third = values
+        if 0 <= first <= _MAX_SECTION and 0 <= second <= _MAX_SECTION and \
+                0 <= third <= _MAX_SECTION:
+            return f"{first:X}/{second:X}/{third:X}"
+    elif 1 <= len(values) <= 4 and all(0 <= v <= _MAX_SECTION for v in values):
         return "/".join(f"{v:X}" for v in values)
     return str(ChangeSequenceNumber.from_ints(*values))
