@@ -2,15 +2,16 @@
 
 `batch_dicts` (a record batch's rows, timestamps made once per value), `sort_key_of` and
 `sequence_text` (sequence numbers without parsing or building them), the schema keys found by
-identity and the mods' JSON read with orjson exist for speed only: each must agree with the
-path it shortcuts, on inputs hypothesis makes up.
+identity, the mods' JSON read with orjson and the events' source metadata laid over a template
+exist for speed only: each must agree with the path it shortcuts, on inputs hypothesis makes
+up.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -21,9 +22,10 @@ from hypothesis import strategies as st
 
 from cdcflow.errors import InvalidArgument
 from cdcflow.model import events as events_module
-from cdcflow.model.events import schema_key
+from cdcflow.model.events import Change, change_type, schema_key, source_fields
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.sequence import ChangeSequenceNumber, sequence_text, sort_key_of
+from cdcflow.model.source import KINDS, SourceKind, SourceMetadata, object_parts
 from cdcflow.model.types import ColumnType
 from cdcflow.spark.rows import batch_dicts
 from cdcflow.spark.schema import CHANGE_COLUMNS, arrow_of
@@ -174,3 +176,50 @@ def test_mod_values_read_with_orjson_equal_those_read_with_json(values: dict[str
     for name, value in plain.items():
         if isinstance(value, float) and value == 0:
             assert math.copysign(1, fast[name]) == math.copysign(1, value)
+
+
+POSITION_NAMES = st.sampled_from(["lsn", "log_file", "log_position", "database", "tx_id",
+                                  "record_sequence", "partition_token", "table", "schema",
+                                  "target", "moved_to", "moved_from", "part", "change_type",
+                                  "primary_keys", "other"])
+
+
+def plain_source_fields(kind: SourceKind, change: Change, database: str) -> dict[str, Any]:
+    """EV-4's source metadata as first written: one dict after another, per change."""
+    known = {"database": database, "tx_id": change.source.tx_id,
+             "record_sequence": change.record_sequence,
+             "partition_token": change.partition_token, **change.position}
+    keys = [c.name for c in change.column_types if c.is_primary_key]
+    fields = {name: known.get(name) for name in kind.fields}
+    return fields | object_parts(kind, change.table) | {
+        "change_type": change_type(kind, change), "is_deleted": change.mod_type == "DELETE",
+        "primary_keys": keys}
+
+
+@given(st.sampled_from(KINDS), st.sampled_from(["Orders", "shop.orders", "a.b.c"]),
+       st.lists(COLUMN, max_size=4), st.sampled_from(["INSERT", "UPDATE", "DELETE"]),
+       st.lists(st.dictionaries(POSITION_NAMES, st.one_of(st.integers(), st.text(max_size=3)),
+                                max_size=4), min_size=1, max_size=3),
+       st.sampled_from(["db", "other"]))
+@settings(max_examples=400, deadline=None)
+def test_source_fields_from_a_template_equal_the_plain_ones(
+        kind: SourceKind, table: str, columns: list[ColumnTypeInfo], mod_type: str,
+        positions: list[dict[str, Any]], database: str):
+    """EV-4: changes of one table (one column-types tuple) get, in the same key order, the
+    source metadata of the plain formula: a position's field wins over the database, the
+    transaction id, the record sequence and the partition token; the object's naming fields
+    and the generic fields win over everything; each event gets a list of keys of its own."""
+    shared = tuple(columns)
+    source = SourceMetadata(kind.cdc_method, datetime(2026, 1, 2, tzinfo=UTC), "tx-9")
+    made = []
+    for index, position in enumerate(positions):
+        change = Change(table, mod_type, shared, 1, "9", f"{index:08d}", index, "P1", source,
+                        position)
+        fast, plain = source_fields(kind, change, database), plain_source_fields(
+            kind, change, database)
+        assert fast == plain
+        assert list(fast) == list(plain)
+        made.append(fast)
+    made[0]["primary_keys"].append("mutated")
+    assert all(m["primary_keys"] == [c.name for c in columns if c.is_primary_key]
+               for m in made[1:])
