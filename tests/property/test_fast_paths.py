@@ -1,7 +1,8 @@
 """The capture hot paths give exactly what the plain paths give (CS-5, CS-7, EV-6).
 
 Batching (`append_many`), changes kept in memory (`source_records(in_memory=True)`), the
-hand-built record body (`encode_record`), the cheap value tests (`quick_check`) and the
+hand-built record body (`encode_record`), records encoded without being built
+(`encoded_source_records`), the cheap value tests (`quick_check`) and the
 identity caches exist for speed only: each must agree with the path it shortcuts, on inputs
 hypothesis makes up.
 """
@@ -30,11 +31,12 @@ from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.schema import ChangeStreamDef
 from cdcflow.model.source import SourceMetadata
+from cdcflow.model.timestamps import to_micros
 from cdcflow.model.types import ColumnType, decode_value, quick_check, validate_value
 from cdcflow.store.capture import PartitionRanges, encode_record
 from cdcflow.store.changelog import ChangeLog
-from cdcflow.store.log import LOG_DATA
-from cdcflow.store.source_records import source_records
+from cdcflow.store.log import LOG_DATA, DataRow
+from cdcflow.store.source_records import encoded_source_records, source_records
 
 pytestmark = pytest.mark.property
 
@@ -134,6 +136,11 @@ def test_records_in_memory_equal_records_streamed_and_bodies_equal_to_dict(
         for entry in kept:
             assert json.loads(encode_record(entry.record)) == \
                 json.loads(json.dumps(entry.record.to_dict()))
+        encoded = list(encoded_source_records(transaction.metadata, lambda t=transaction:
+                                              t.changes, streams, lambda _: ranges,
+                                              to_micros(START), "7"))
+        assert encoded == [DataRow(e.stream, e.token, to_micros(START), e.sequence,
+                                   len(e.record.mods), encode_record(e.record)) for e in kept]
 
 
 VALUE_TYPES = [ColumnType("INT64"), ColumnType("STRING", length=3), ColumnType("STRING"),

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -178,23 +178,49 @@ def _stream_records(
 def encode_record(record: DataChangeRecord) -> str:
     """The log body of a record: its `to_dict()` JSON, with the column types and the source
     block (shared by many records) encoded once."""
+    return record_body(RecordHead(
+        record.table_name, record.column_types, record.mod_type, record.value_capture_type,
+        record.commit_timestamp, record.server_transaction_id, record.record_sequence,
+        record.is_last_record_in_transaction_in_partition,
+        record.number_of_records_in_transaction, record.number_of_partitions_in_transaction,
+        record.source), [m.to_dict() for m in record.mods])
+
+
+class RecordHead(NamedTuple):
+    """A data record but its mods: what `record_body` writes besides them."""
+
+    table_name: str
+    column_types: tuple[ColumnTypeInfo, ...]
+    mod_type: str
+    value_capture_type: str
+    commit_timestamp: datetime
+    server_transaction_id: str
+    record_sequence: str
+    last_in_partition: bool
+    records: int
+    partitions: int
+    source: SourceMetadata | None
+
+
+def record_body(head: RecordHead, mods: list[dict[str, Any]]) -> str:
+    """The log body of a record from its head and its mods as `Mod.to_dict` gives them: the
+    one layout of `encode_record` and of records encoded without being built
+    (`cdcflow.store.source_records.encoded_source_records`)."""
     body: dict[str, Any] = {
-        "column_types": column_types_json(record.column_types),
-        "mods": [m.to_dict() for m in record.mods],
-        "commit_timestamp": _commit_text(record.commit_timestamp),
-        "record_sequence": record.record_sequence,
-        "server_transaction_id": record.server_transaction_id,
-        "is_last_record_in_transaction_in_partition": (
-            record.is_last_record_in_transaction_in_partition
-        ),
-        "table_name": record.table_name,
-        "mod_type": record.mod_type,
-        "value_capture_type": record.value_capture_type,
-        "number_of_records_in_transaction": record.number_of_records_in_transaction,
-        "number_of_partitions_in_transaction": record.number_of_partitions_in_transaction,
+        "column_types": column_types_json(head.column_types),
+        "mods": mods,
+        "commit_timestamp": _commit_text(head.commit_timestamp),
+        "record_sequence": head.record_sequence,
+        "server_transaction_id": head.server_transaction_id,
+        "is_last_record_in_transaction_in_partition": head.last_in_partition,
+        "table_name": head.table_name,
+        "mod_type": head.mod_type,
+        "value_capture_type": head.value_capture_type,
+        "number_of_records_in_transaction": head.records,
+        "number_of_partitions_in_transaction": head.partitions,
     }
-    if record.source is not None:
-        body["source"] = _source_json(record.source)
+    if head.source is not None:
+        body["source"] = _source_json(head.source)
     return orjson.dumps(body).decode()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import orjson
 
@@ -24,7 +25,9 @@ from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_sequence
 from cdcflow.model.schema import ChangeStreamDef, key_hash
 from cdcflow.model.source import SourceMetadata
-from cdcflow.store.capture import LogEntry, PartitionRanges
+from cdcflow.model.timestamps import from_micros
+from cdcflow.store.capture import LogEntry, PartitionRanges, RecordHead, record_body
+from cdcflow.store.log import DataRow
 
 MAX_MODS_PER_RECORD = 1_000
 """A long run of changes is cut into records of at most this many mods."""
@@ -58,17 +61,28 @@ class _Run:
     token: str
     shape: tuple[object, ...]
     first: SourceChange
-    mods: list[Mod]
+    mods: list[Any]
+    """`Mod`s, or the dicts `Mod.to_dict` would give (`_Runs.as_dicts`)."""
     size: int = 0
+
+
+def _mod_dict(change: SourceChange) -> dict[str, Any]:
+    """`Mod.to_dict()` of the change's mod, without the Mod."""
+    mod = {"keys": change.keys, "new_values": change.new_values,
+           "old_values": change.old_values}
+    if change.position:
+        mod["position"] = change.position
+    return mod
 
 
 class _Runs:
     """Cuts one stream's changes into records: per partition a new record whenever the
     table, mod type or shape differs from the partition's open record, or it is full.
-    `keep` False only counts (records, and each partition's last record)."""
+    `keep` False only counts (records, and each partition's last record); `as_dicts` keeps
+    each mod as the dict of its JSON rather than a `Mod`."""
 
-    def __init__(self, ranges: PartitionRanges, keep: bool) -> None:
-        self.ranges, self.keep = ranges, keep
+    def __init__(self, ranges: PartitionRanges, keep: bool, as_dicts: bool = False) -> None:
+        self.ranges, self.keep, self.as_dicts = ranges, keep, as_dicts
         self.open: dict[str, _Run] = {}
         self.count = 0
         self.last_in_partition: dict[str, int] = {}
@@ -86,7 +100,9 @@ class _Runs:
             self.last_in_partition[token] = self.count
             self.count += 1
         current.size += 1
-        if self.keep:
+        if self.as_dicts:
+            current.mods.append(_mod_dict(change))
+        elif self.keep:
             current.mods.append(Mod(change.keys, change.new_values, change.old_values,
                                     change.position))
         return closed
@@ -131,6 +147,34 @@ def source_records(
                 yield _entry(stream.name, run, plan, metadata, commit_timestamp, transaction_id)
         for run in runs.finish():
             yield _entry(stream.name, run, plan, metadata, commit_timestamp, transaction_id)
+
+
+def encoded_source_records(
+    metadata: SourceMetadata,
+    changes: Changes,
+    streams: list[ChangeStreamDef],
+    ranges_of: Callable[[str], PartitionRanges],
+    commit_micros: int,
+    transaction_id: str,
+) -> Iterator[DataRow]:
+    """The log rows of `source_records(..., in_memory=True)`'s records at `commit_micros`,
+    encoded as `encode_record` encodes them, without building a record or a mod: the same
+    records in the same order with the same bodies (tests/property/test_fast_paths.py)."""
+    positioned = _positioned(changes, True)
+    commit_timestamp = from_micros(commit_micros)
+    for stream in sorted(streams, key=lambda s: s.name):
+        runs = _Runs(ranges_of(stream.name), keep=True, as_dicts=True)
+        closed = [run for change, position in _watched_by(stream, positioned)()
+                  if (run := runs.add(change, position)) is not None]
+        for run in [*closed, *runs.finish()]:
+            first = run.first
+            head = RecordHead(
+                first.table, first.column_types, first.mod_type, first.value_capture_type,
+                commit_timestamp, transaction_id, format_sequence(run.index),
+                last_in_partition=runs.last_in_partition[run.token] == run.index,
+                records=runs.count, partitions=len(runs.last_in_partition), source=metadata)
+            yield DataRow(stream.name, run.token, commit_micros, run.index, len(run.mods),
+                          record_body(head, run.mods))
 
 
 def _watched_by(stream: ChangeStreamDef, positioned: Callable[[], Iterable[tuple[SourceChange,

@@ -21,11 +21,10 @@ from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.source import SourceKind, SourceMetadata
 from cdcflow.model.timestamps import from_micros, to_micros
 from cdcflow.store import log
-from cdcflow.store.capture import LogEntry
 from cdcflow.store.catalog import Catalog, next_commit_micros
-from cdcflow.store.commit import append_entries, append_timed, next_transaction_ids
+from cdcflow.store.commit import append_entries, append_rows, next_transaction_ids
 from cdcflow.store.session import Session
-from cdcflow.store.source_records import Changes, source_records
+from cdcflow.store.source_records import Changes, encoded_source_records, source_records
 from cdcflow.store.sqlite import read_transaction, write_transaction
 
 
@@ -122,18 +121,16 @@ class LogWriter(ABC):
         first_id = next_transaction_ids(session, len(transactions))
         written = [first + offset for offset in range(len(transactions))]
 
-        def entries() -> Iterator[tuple[int, LogEntry]]:
+        def rows() -> Iterator[log.DataRow]:
             for offset, (transaction, tables) in enumerate(zip(transactions, touched,
                                                                strict=True)):
-                micros = first + offset
                 streams = [s for s in catalog.streams.values()
                            if any(s.watches(table) for table in tables)]
-                for entry in source_records(transaction.metadata, _changes_of(transaction),
-                                            streams, session.ranges_of, from_micros(micros),
-                                            str(first_id + offset), in_memory=True):
-                    yield micros, entry
+                yield from encoded_source_records(
+                    transaction.metadata, _changes_of(transaction), streams, session.ranges_of,
+                    first + offset, str(first_id + offset))
 
-        append_timed(session, catalog, entries(), written[-1])
+        append_rows(session, catalog, rows(), written[-1])
         return written
 
     def advance(self, source: str, after: dict[str, Any] | None,
