@@ -13,7 +13,7 @@ import json
 import sqlite3
 import tempfile
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from cdcflow.model.memo import IdentityMemo
 from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.schema import ChangeStreamDef
 from cdcflow.model.source import SourceMetadata
-from cdcflow.model.timestamps import to_micros
+from cdcflow.model.timestamps import _format_utc, to_micros
 from cdcflow.model.types import ColumnType, decode_value, quick_check, validate_value
 from cdcflow.store.capture import PartitionRanges, encode_record
 from cdcflow.store.changelog import ChangeLog
@@ -223,3 +223,18 @@ def test_event_payload_encoders_equal_the_plain_json_value(columns):
         except (CdcflowError, TypeError, ValueError, ArithmeticError):
             continue  # not a value of this type: nothing to encode
         assert name == column.name and repr(encode(python_value)) == repr(expected)  # NaN
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=5)),
+                                                timezone(timedelta(minutes=-90))])))
+def test_rfc3339_texts_of_utc_values_equal_converted_ones(when: datetime):
+    """CS-7's timestamp text: a value already in `datetime.UTC` takes a shortcut (no
+    conversion); every value, of any zone, still gets the text of converting it to UTC."""
+    try:
+        converted = when.astimezone(UTC)
+    except OverflowError:
+        return  # an offset pushes it past year 1 or 9999: not a timestamp
+    expected = converted.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    assert _format_utc.__wrapped__(when) == expected
+    assert _format_utc.__wrapped__(converted) == expected

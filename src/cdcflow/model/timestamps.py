@@ -36,7 +36,11 @@ def format_rfc3339(ts: datetime | int) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _format_utc(ts: datetime) -> str:
-    """Records of one transaction share their timestamps: each is formatted once."""
+    """Records of one transaction share their timestamps: each is formatted once. A value
+    in `datetime.UTC` (as `from_micros` makes them) needs no conversion: its text ends in
+    '+00:00', which becomes 'Z' (half the time of converting)."""
+    if ts.tzinfo is UTC:
+        return ts.isoformat(timespec="microseconds")[:-6] + "Z"
     return ts.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
