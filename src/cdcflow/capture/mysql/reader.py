@@ -156,20 +156,32 @@ class _Reading:
         self.pending: list[Event] = []
         self.group: tuple[str, bool] | None = None  # the GTID being read, and standalone
         self.tables: set[tuple[int, tuple[str, ...]]] = set()
+        self.chosen: dict[tuple[str, str], bool] = {}
+        """Per (database, table) of a rows event: whether the capture selects it."""
+        self.names: dict[int, tuple[list[Any], tuple[str, ...]]] = {}
+        """Per table map's column list (by identity, kept alive): its column names."""
         self.stream = _open(read_from)
 
     def run(self) -> None:
+        """Send what was read once a group, a statement or a heartbeat ends and the server
+        has nothing more to send at once (or the message is full): the capture acts on whole
+        groups only, so asking the socket after every row event would be wasted."""
         while True:
             event = self.stream.fetchone()
-            if event is not None:
-                self._handle(event)
+            if event is not None and not self._handle(event):
+                continue  # inside a group: the rest of it is on its way
             if self.pending and (len(self.pending) >= EVENTS_PER_MESSAGE
                                  or not _more_waiting(self.stream)):
                 self.outbox.send(self.pending)
                 self.pending = []
 
-    def _handle(self, event: Any) -> None:
+    def _handle(self, event: Any) -> bool:
+        """Take one event; return whether what was read may be sent now: False after an
+        event that leaves its group open, unless the message is full."""
         name = type(event).__name__
+        if name in ("WriteRowsEvent", "UpdateRowsEvent", "DeleteRowsEvent"):
+            self._rows(event, name)
+            return len(self.pending) >= EVENTS_PER_MESSAGE
         where = (self.stream.log_file, int(self.stream.log_pos or 0))
         if name in ("MariadbGtidEvent", "GtidEvent"):
             standalone = name == "MariadbGtidEvent" and bool(getattr(event, "flags", 0)
@@ -177,9 +189,8 @@ class _Reading:
             self.pending.append(("gtid", str(event.gtid), standalone, int(event.timestamp),
                                  *where))
             self.group = (str(event.gtid), standalone)
-        elif name in ("WriteRowsEvent", "UpdateRowsEvent", "DeleteRowsEvent"):
-            self._rows(event, name)
-        elif name == "XidEvent":
+            return len(self.pending) >= EVENTS_PER_MESSAGE
+        if name == "XidEvent":
             self.pending.append(("xid", int(event.timestamp), *where))
             self._group_ended(True)
         elif name == "QueryEvent":
@@ -192,6 +203,7 @@ class _Reading:
                 self._group_ended(word != "ROLLBACK")
         elif name == "HeartbeatLogEvent":
             self.pending.append(("heartbeat", *where))
+        return True
 
     def _group_ended(self, committed: bool) -> None:
         """After a group, a reconnect inside the library resumes from the next one; an
@@ -203,16 +215,30 @@ class _Reading:
         self.group = None
 
     def _rows(self, event: Any, kind: str) -> None:
-        table = f"{event.schema}.{event.table}"
-        if event.schema not in self.read_from.databases or not self.read_from.selected(table):
+        chosen = self.chosen.get((event.schema, event.table))
+        if chosen is None:
+            chosen = self.chosen[(event.schema, event.table)] = (
+                event.schema in self.read_from.databases
+                and self.read_from.selected(f"{event.schema}.{event.table}"))
+        if not chosen:
             return
-        key = (int(event.table_id), tuple(str(c.name) for c in event.columns))
+        table = f"{event.schema}.{event.table}"
+        key = (int(event.table_id), self._names(event.columns))
         if key not in self.tables:
             columns = [binlog_column(c) for c in event.columns]
             self.pending.append(("table", key, table, columns, event.primary_key))
             self.tables.add(key)
         self.pending.append(("rows", key, kind, event.rows, self.stream.log_file,
                              int(event.packet.log_pos)))
+
+    def _names(self, columns: list[Any]) -> tuple[str, ...]:
+        """The names of a table map's columns, worked out once per column list."""
+        known = self.names.get(id(columns))
+        if known is None or known[0] is not columns:
+            if len(self.names) > 4096:
+                self.names.clear()
+            known = self.names[id(columns)] = (columns, tuple(str(c.name) for c in columns))
+        return known[1]
 
 
 def first_word(text: str) -> str:
