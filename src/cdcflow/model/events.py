@@ -227,15 +227,15 @@ kind's fields that a change decides (those its object's naming fields do not ove
 
 def _fields_template(kind: SourceKind, table: str, column_types: tuple[ColumnTypeInfo, ...],
                      database: str) -> FieldsTemplate:
-    known = _templates(column_types)  # the events of a table share one tuple: by identity
-    template = known.get((kind.name, table, database))
+    templates = _templates(column_types)  # a table's events share one tuple: by identity
+    template = templates.get((kind.name, table, database))
     if template is None:
-        template = known[(kind.name, table, database)] = _layout(kind, table, column_types,
-                                                                 database)
+        template = templates[(kind.name, table, database)] = _template_of(
+            kind, table, column_types, database)
     return template
 
 
-def _layout(kind: SourceKind, table: str, column_types: tuple[ColumnTypeInfo, ...],
+def _template_of(kind: SourceKind, table: str, column_types: tuple[ColumnTypeInfo, ...],
             database: str) -> FieldsTemplate:
     naming = object_parts(kind, table)
     fields: dict[str, Any] = {name: database if name == "database" else None

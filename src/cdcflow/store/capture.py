@@ -175,17 +175,6 @@ def _stream_records(
     return entries
 
 
-def encode_record(record: DataChangeRecord) -> str:
-    """The log body of a record: its `to_dict()` JSON, with the column types and the source
-    block (shared by many records) encoded once."""
-    return record_body(RecordHead(
-        record.table_name, record.column_types, record.mod_type, record.value_capture_type,
-        record.commit_timestamp, record.server_transaction_id, record.record_sequence,
-        record.is_last_record_in_transaction_in_partition,
-        record.number_of_records_in_transaction, record.number_of_partitions_in_transaction,
-        record.source), [m.to_dict() for m in record.mods])
-
-
 class RecordHead(NamedTuple):
     """A data record but its mods: what `record_body` writes besides them."""
 
@@ -200,6 +189,17 @@ class RecordHead(NamedTuple):
     records: int
     partitions: int
     source: SourceMetadata | None
+
+
+def encode_record(record: DataChangeRecord) -> str:
+    """The log body of a record: its `to_dict()` JSON, with the column types and the source
+    block (shared by many records) encoded once."""
+    return record_body(RecordHead(
+        record.table_name, record.column_types, record.mod_type, record.value_capture_type,
+        record.commit_timestamp, record.server_transaction_id, record.record_sequence,
+        record.is_last_record_in_transaction_in_partition,
+        record.number_of_records_in_transaction, record.number_of_partitions_in_transaction,
+        record.source), [m.to_dict() for m in record.mods])
 
 
 def record_body(head: RecordHead, mods: list[dict[str, Any]]) -> str:

@@ -91,16 +91,9 @@ def append_entries(session: Session, catalog: Catalog, entries: Iterable[LogEntr
                    micros: int) -> None:
     """Append one transaction's records at `micros` (streamed into the log), then split,
     merge and expire per the policy, all inside the caller's write transaction."""
-    append_timed(session, catalog, ((micros, e) for e in entries), micros)
-
-
-def append_timed(session: Session, catalog: Catalog, entries: Iterable[tuple[int, LogEntry]],
-                 last_micros: int) -> None:
-    """Append records, each at its own commit micros (several transactions, in order; the
-    last at `last_micros`), then split, merge and expire once, as `append_entries`."""
     append_rows(session, catalog, (log.DataRow(e.stream, e.token, micros, e.sequence,
                                                len(e.record.mods), encode_record(e.record))
-                                   for micros, e in entries), last_micros)
+                                   for e in entries), micros)
 
 
 def append_rows(session: Session, catalog: Catalog, rows: Iterable[log.DataRow],

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -78,11 +78,13 @@ def _mod_dict(change: SourceChange) -> dict[str, Any]:
 class _Runs:
     """Cuts one stream's changes into records: per partition a new record whenever the
     table, mod type or shape differs from the partition's open record, or it is full.
-    `keep` False only counts (records, and each partition's last record); `as_dicts` keeps
-    each mod as the dict of its JSON rather than a `Mod`."""
+    `mods` says what a run keeps of each change: "count" nothing (the records are only
+    counted, with each partition's last), "objects" a `Mod`, "dicts" the dict of its JSON
+    (`Mod.to_dict()`)."""
 
-    def __init__(self, ranges: PartitionRanges, keep: bool, as_dicts: bool = False) -> None:
-        self.ranges, self.keep, self.as_dicts = ranges, keep, as_dicts
+    def __init__(self, ranges: PartitionRanges, mods: Literal["count", "objects", "dicts"]
+                 ) -> None:
+        self.ranges, self.mods = ranges, mods
         self.open: dict[str, _Run] = {}
         self.count = 0
         self.last_in_partition: dict[str, int] = {}
@@ -100,9 +102,9 @@ class _Runs:
             self.last_in_partition[token] = self.count
             self.count += 1
         current.size += 1
-        if self.as_dicts:
+        if self.mods == "dicts":
             current.mods.append(_mod_dict(change))
-        elif self.keep:
+        elif self.mods == "objects":
             current.mods.append(Mod(change.keys, change.new_values, change.old_values,
                                     change.position))
         return closed
@@ -123,25 +125,27 @@ def source_records(
 ) -> Iterator[LogEntry]:
     """Every watching stream's records of one source transaction, at the log's commit time
     (in no particular order of records). `in_memory`: the changes are held in memory, so
-    each one's hash position is worked out once and kept (else twice per stream)."""
+    each one's hash position is worked out once and kept (else twice per stream). A batch of
+    transactions in memory is appended through `encoded_source_records`; `in_memory` stays
+    as the reference its property test compares with."""
     positioned = _positioned(changes, in_memory)
     for stream in sorted(streams, key=lambda s: s.name):
         ranges = ranges_of(stream.name)
         mine = _watched_by(stream, positioned)
         if in_memory:  # one pass: the records are kept until the counts are known
-            runs = _Runs(ranges, keep=True)
+            runs = _Runs(ranges, "objects")
             closed = [run for change, position in mine()
                       if (run := runs.add(change, position)) is not None]
             for run in [*closed, *runs.finish()]:
                 yield _entry(stream.name, run, runs, metadata, commit_timestamp,
                              transaction_id)
             continue
-        plan = _Runs(ranges, keep=False)
+        plan = _Runs(ranges, "count")
         for change, position in mine():
             plan.add(change, position)
         if plan.count == 0:
             continue
-        runs = _Runs(ranges, keep=True)
+        runs = _Runs(ranges, "objects")
         for change, position in mine():
             if (run := runs.add(change, position)) is not None:
                 yield _entry(stream.name, run, plan, metadata, commit_timestamp, transaction_id)
@@ -163,7 +167,7 @@ def encoded_source_records(
     positioned = _positioned(changes, True)
     commit_timestamp = from_micros(commit_micros)
     for stream in sorted(streams, key=lambda s: s.name):
-        runs = _Runs(ranges_of(stream.name), keep=True, as_dicts=True)
+        runs = _Runs(ranges_of(stream.name), "dicts")
         closed = [run for change, position in _watched_by(stream, positioned)()
                   if (run := runs.add(change, position)) is not None]
         for run in [*closed, *runs.finish()]:

@@ -156,9 +156,9 @@ class _Reading:
         self.pending: list[Event] = []
         self.group: tuple[str, bool] | None = None  # the GTID being read, and standalone
         self.tables: set[tuple[int, tuple[str, ...]]] = set()
-        self.chosen: dict[tuple[str, str], bool] = {}
+        self.selected_tables: dict[tuple[str, str], bool] = {}
         """Per (database, table) of a rows event: whether the capture selects it."""
-        self.names: dict[int, tuple[list[Any], tuple[str, ...]]] = {}
+        self.column_names: dict[int, tuple[list[Any], tuple[str, ...]]] = {}
         """Per table map's column list (by identity, kept alive): its column names."""
         self.stream = _open(read_from)
 
@@ -201,6 +201,8 @@ class _Reading:
             word = first_word(text)
             if word == "ROLLBACK" or word == "COMMIT" or (self.group and self.group[1]):
                 self._group_ended(word != "ROLLBACK")
+            elif word == "BEGIN":  # MySQL opens a row-based group so: its rows follow
+                return len(self.pending) >= EVENTS_PER_MESSAGE
         elif name == "HeartbeatLogEvent":
             self.pending.append(("heartbeat", *where))
         return True
@@ -215,9 +217,9 @@ class _Reading:
         self.group = None
 
     def _rows(self, event: Any, kind: str) -> None:
-        chosen = self.chosen.get((event.schema, event.table))
+        chosen = self.selected_tables.get((event.schema, event.table))
         if chosen is None:
-            chosen = self.chosen[(event.schema, event.table)] = (
+            chosen = self.selected_tables[(event.schema, event.table)] = (
                 event.schema in self.read_from.databases
                 and self.read_from.selected(f"{event.schema}.{event.table}"))
         if not chosen:
@@ -233,11 +235,12 @@ class _Reading:
 
     def _names(self, columns: list[Any]) -> tuple[str, ...]:
         """The names of a table map's columns, worked out once per column list."""
-        known = self.names.get(id(columns))
+        known = self.column_names.get(id(columns))
         if known is None or known[0] is not columns:
-            if len(self.names) > 4096:
-                self.names.clear()
-            known = self.names[id(columns)] = (columns, tuple(str(c.name) for c in columns))
+            if len(self.column_names) > 4096:
+                self.column_names.clear()
+            known = self.column_names[id(columns)] = (columns,
+                                                      tuple(str(c.name) for c in columns))
         return known[1]
 
 
