@@ -236,7 +236,7 @@ def _fields_template(kind: SourceKind, table: str, column_types: tuple[ColumnTyp
 
 
 def _template_of(kind: SourceKind, table: str, column_types: tuple[ColumnTypeInfo, ...],
-            database: str) -> FieldsTemplate:
+                 database: str) -> FieldsTemplate:
     naming = object_parts(kind, table)
     fields: dict[str, Any] = {name: database if name == "database" else None
                               for name in kind.fields}

@@ -62,7 +62,7 @@ class _Run:
     shape: tuple[object, ...]
     first: SourceChange
     mods: list[Any]
-    """`Mod`s, or the dicts `Mod.to_dict` would give (`_Runs.as_dicts`)."""
+    """`Mod`s, or the dicts `Mod.to_dict` would give (`_Runs`' mode "dicts")."""
     size: int = 0
 
 
@@ -133,10 +133,8 @@ def source_records(
         ranges = ranges_of(stream.name)
         mine = _watched_by(stream, positioned)
         if in_memory:  # one pass: the records are kept until the counts are known
-            runs = _Runs(ranges, "objects")
-            closed = [run for change, position in mine()
-                      if (run := runs.add(change, position)) is not None]
-            for run in [*closed, *runs.finish()]:
+            runs, made = _in_one_pass(ranges, mine(), "objects")
+            for run in made:
                 yield _entry(stream.name, run, runs, metadata, commit_timestamp,
                              transaction_id)
             continue
@@ -147,8 +145,9 @@ def source_records(
             continue
         runs = _Runs(ranges, "objects")
         for change, position in mine():
-            if (run := runs.add(change, position)) is not None:
-                yield _entry(stream.name, run, plan, metadata, commit_timestamp, transaction_id)
+            if (closed := runs.add(change, position)) is not None:
+                yield _entry(stream.name, closed, plan, metadata, commit_timestamp,
+                             transaction_id)
         for run in runs.finish():
             yield _entry(stream.name, run, plan, metadata, commit_timestamp, transaction_id)
 
@@ -167,10 +166,9 @@ def encoded_source_records(
     positioned = _positioned(changes, True)
     commit_timestamp = from_micros(commit_micros)
     for stream in sorted(streams, key=lambda s: s.name):
-        runs = _Runs(ranges_of(stream.name), "dicts")
-        closed = [run for change, position in _watched_by(stream, positioned)()
-                  if (run := runs.add(change, position)) is not None]
-        for run in [*closed, *runs.finish()]:
+        runs, made = _in_one_pass(ranges_of(stream.name), _watched_by(stream, positioned)(),
+                                  "dicts")
+        for run in made:
             first = run.first
             head = RecordHead(
                 first.table, first.column_types, first.mod_type, first.value_capture_type,
@@ -179,6 +177,16 @@ def encoded_source_records(
                 records=runs.count, partitions=len(runs.last_in_partition), source=metadata)
             yield DataRow(stream.name, run.token, commit_micros, run.index, len(run.mods),
                           record_body(head, run.mods))
+
+
+def _in_one_pass(ranges: PartitionRanges, positioned: Iterable[tuple[SourceChange, int]],
+                 mods: Literal["objects", "dicts"]) -> tuple[_Runs, list[_Run]]:
+    """Every record of changes held in memory, in the order they close, and the runs that
+    counted them."""
+    runs = _Runs(ranges, mods)
+    closed = [run for change, position in positioned
+              if (run := runs.add(change, position)) is not None]
+    return runs, [*closed, *runs.finish()]
 
 
 def _watched_by(stream: ChangeStreamDef, positioned: Callable[[], Iterable[tuple[SourceChange,

@@ -43,6 +43,7 @@ from cdcflow.capture.mysql.connection import Endpoint
 from cdcflow.capture.mysql.position import GtidState, MySqlGtidSet, after_group
 from cdcflow.capture.mysql.rows import binlog_column
 from cdcflow.errors import Unavailable
+from cdcflow.model.memo import IdentityMemo
 
 Event = tuple[Any, ...]
 STANDALONE = 1  # MariaDB GTID flag: a group without XID/COMMIT (DDL)
@@ -158,8 +159,9 @@ class _Reading:
         self.tables: set[tuple[int, tuple[str, ...]]] = set()
         self.selected_tables: dict[tuple[str, str], bool] = {}
         """Per (database, table) of a rows event: whether the capture selects it."""
-        self.column_names: dict[int, tuple[list[Any], tuple[str, ...]]] = {}
-        """Per table map's column list (by identity, kept alive): its column names."""
+        self.column_names: IdentityMemo[list[Any], tuple[str, ...]] = IdentityMemo(
+            lambda columns: tuple(str(c.name) for c in columns), size=4096)
+        """Per table map's column list: its column names."""
         self.stream = _open(read_from)
 
     def run(self) -> None:
@@ -224,24 +226,14 @@ class _Reading:
                 and self.read_from.selected(f"{event.schema}.{event.table}"))
         if not chosen:
             return
-        table = f"{event.schema}.{event.table}"
-        key = (int(event.table_id), self._names(event.columns))
+        key = (int(event.table_id), self.column_names(event.columns))
         if key not in self.tables:
             columns = [binlog_column(c) for c in event.columns]
-            self.pending.append(("table", key, table, columns, event.primary_key))
+            self.pending.append(("table", key, f"{event.schema}.{event.table}", columns,
+                                 event.primary_key))
             self.tables.add(key)
         self.pending.append(("rows", key, kind, event.rows, self.stream.log_file,
                              int(event.packet.log_pos)))
-
-    def _names(self, columns: list[Any]) -> tuple[str, ...]:
-        """The names of a table map's columns, worked out once per column list."""
-        known = self.column_names.get(id(columns))
-        if known is None or known[0] is not columns:
-            if len(self.column_names) > 4096:
-                self.column_names.clear()
-            known = self.column_names[id(columns)] = (columns,
-                                                      tuple(str(c.name) for c in columns))
-        return known[1]
 
 
 def first_word(text: str) -> str:
