@@ -15,10 +15,11 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# Java for Spark, and javac: `cdcflow prepare` compiles the checkpoint file manager.
 java:
-	@if ! java -version >/dev/null 2>&1; then \
-		echo "Java not found: installing a headless JRE for Spark"; \
-		apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	@if ! java -version >/dev/null 2>&1 || ! javac -version >/dev/null 2>&1; then \
+		echo "Java or javac not found: installing a headless JDK for Spark"; \
+		apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; \
 	fi
 	@java -version 2>&1 | head -1
 

@@ -1,4 +1,5 @@
-"""`cdcflow prepare`: make the driver JVM's class archive (see cdcflow.spark.class_archive).
+"""`cdcflow prepare`: make the driver JVM's class archive (see cdcflow.spark.class_archive)
+and compile the checkpoint file manager (see cdcflow.spark.checkpoint_files).
 
 The archive is written by a JVM as it exits, holding the classes that run loaded. So this
 runs `cdcflow demo` briefly as the training run, in a session of its own, waits until every
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import click
 
+from cdcflow.errors import FailedPrecondition
+from cdcflow.spark.checkpoint_files import build_jar, jar_path, usable_jar
 from cdcflow.spark.class_archive import (
     ARCHIVE_PREFIX,
     DRIVER_OPTIONS_VARIABLE,
@@ -95,14 +98,7 @@ def _make(target: Path, timeout: float) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@click.command()
-@click.option("--force", is_flag=True, help="Make the archive again even if it exists.")
-@click.option("--timeout", default=600.0, show_default=True,
-              help="Seconds the training run may take.")
-def prepare(force: bool, timeout: float) -> None:
-    """Make the class archive that lets every Spark session of this cdcflow start in less
-    time and CPU: once per virtual environment (its Spark) and Java. It runs the demo for a
-    few seconds to learn which classes a session loads."""
+def _prepare_archive(force: bool, timeout: float) -> None:
     target = archive_path()
     if target is None:
         raise click.ClickException("no java found (JAVA_HOME, PATH): Spark needs Java 17")
@@ -122,3 +118,37 @@ def prepare(force: bool, timeout: float) -> None:
             "user's alone, and its path must hold no space or quote (set XDG_CACHE_HOME)")
     click.echo(f"class archive made in {time.monotonic() - began:.0f} s: {target} "
                f"({target.stat().st_size / 2**20:.0f} MiB)")
+
+
+def _prepare_checkpoint_jar(force: bool) -> None:
+    target = jar_path()
+    if target is None:
+        raise click.ClickException("no java found (JAVA_HOME, PATH): Spark needs Java 17")
+    if usable_jar() == target and not force:
+        click.echo(f"checkpoint file manager up to date: {target}")
+        return
+    try:
+        build_jar(target)
+    except (OSError, subprocess.SubprocessError, FailedPrecondition) as error:
+        raise click.ClickException(
+            f"cannot compile the checkpoint file manager into {target}: {error}; sessions "
+            "keep Spark's own, which starts processes for every checkpoint file") from None
+    if usable_jar() != target:
+        raise click.ClickException(
+            f"sessions would not use the checkpoint file manager {target}: its folder must "
+            "be this user's alone, and its path must hold no space, comma or quote")
+    click.echo(f"checkpoint file manager compiled: {target}")
+
+
+@click.command()
+@click.option("--force", is_flag=True, help="Make the archive and the jar again even if they "
+              "exist.")
+@click.option("--timeout", default=600.0, show_default=True,
+              help="Seconds the training run may take.")
+def prepare(force: bool, timeout: float) -> None:
+    """Make what lets every Spark session of this cdcflow run with less time and CPU, once
+    per virtual environment (its Spark) and Java: the class archive, by running the demo for
+    a few seconds to learn which classes a session loads; and the checkpoint file manager,
+    compiled with javac, which writes checkpoint entries without starting processes."""
+    _prepare_archive(force, timeout)
+    _prepare_checkpoint_jar(force)

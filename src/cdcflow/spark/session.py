@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cdcflow.spark.checkpoint_files import checkpoint_settings
 from cdcflow.spark.class_archive import (
     SUBMIT_OPTIONS_VARIABLE,
     cache_folder,
@@ -140,6 +141,12 @@ def _settings(verbose: bool, conf: dict[str, str], loopback: bool) -> dict[str, 
     return settings | {key.replace("_", "."): value for key, value in conf.items()}
 
 
+def _context_running() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is not None
+
+
 def _start_context(app_name: str, master: str | None, settings: dict[str, str],
                    log_path: str | None, verbose: bool) -> None:
     """Start the JVM and the SparkContext; unless `verbose`, the JVM's stdout and stderr go
@@ -244,6 +251,8 @@ def session(app_name: str = "cdcflow", master: str | None = None, verbose: bool 
     from cdcflow.spark.source import ChangeStreamSource
 
     settings = _settings(verbose, conf, loopback)
+    if SUBMITTED not in os.environ and not _context_running():  # this call starts the JVM
+        settings |= checkpoint_settings(settings)
     if master is not None and standalone_addresses(master):  # executors import this cdcflow
         shipped = [p for p in settings.get("spark.submit.pyFiles", "").split(",") if p]
         settings["spark.submit.pyFiles"] = ",".join([str(package_zip()), *shipped])

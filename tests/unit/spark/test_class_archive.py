@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdcflow.cli.prepare import _session_members, _train, prepare
+from cdcflow.spark.checkpoint_files import jar_path
 from cdcflow.spark.class_archive import (
     DRIVER_OPTIONS_VARIABLE,
     SUBMIT_OPTIONS_VARIABLE,
@@ -174,11 +175,14 @@ def test_prepare_keeps_the_archive_and_removes_only_those_of_a_spark_since_gone(
     gone = _other_archive(cache, "gone", {**_identity(jars, java), "jars": str(tmp_path / "x")})
     result = CliRunner().invoke(prepare, [])
     assert result.exit_code == 0, result.output
-    assert result.output == f"class archive up to date: {path}\n"
+    jar = jar_path()
+    assert jar is not None
+    assert result.output == (f"class archive up to date: {path}\n"
+                             f"checkpoint file manager compiled: {jar}\n")
     assert path.read_bytes() == b"archive"
     assert sorted(p.name for p in cache.iterdir()) == sorted(
         [path.name, current.name, identity_file(current).name, unknown.name, damaged.name,
-         identity_file(damaged).name])
+         identity_file(damaged).name, jar.name])
     assert not reinstalled.exists() and not gone.exists()
 
 
