@@ -206,7 +206,8 @@ def _encode(value: Any) -> str:
 
 
 def _mod_rows(record: dict[str, Any], micros: int, token: str) -> Iterator[tuple[Any, ...]]:
-    """A data record's rows in `CHANGE_COLUMNS` order: the record's values, once per mod."""
+    """A data record's rows in `CHANGE_COLUMNS` order: the record's values, once per mod.
+    An empty object, a mod's usual old values, is not encoded again."""
     read_method, source_stamp, source_fields = _source_columns(record, micros)
     first = (micros, record["server_transaction_id"], record["record_sequence"])
     shared = (record["table_name"], record["mod_type"], record["value_capture_type"],
@@ -216,9 +217,10 @@ def _mod_rows(record: dict[str, Any], micros: int, token: str) -> Iterator[tuple
     column_types = _encode(record["column_types"])
     source_text = _encode(source_fields)
     for index, mod in enumerate(record["mods"]):
-        position = mod.get("position")
+        position, old = mod.get("position"), mod["old_values"]
         yield (*first, index, *shared, _encode(mod["keys"]), _encode(mod["new_values"]),
-               _encode(mod["old_values"]), column_types, read_method, source_stamp,
+               _encode(old) if old or old is None else "{}", column_types,
+               read_method, source_stamp,
                _encode(source_fields | position) if position else source_text)
 
 
