@@ -35,7 +35,7 @@ servers:
 
 # The driver JVM's class archive (README "Faster Spark starts"); a no-op once it exists.
 prepare: $(VENV)/.installed java
-	$(VENV)/bin/cdcflow prepare || echo "warning: no class archive; Spark starts the slow way"
+	$(VENV)/bin/cdcflow prepare || echo "warning: see above; Spark runs the slow way where a step failed"
 
 demo: $(VENV)/.installed java
 	$(VENV)/bin/cdcflow demo --duration $(DURATION)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -150,5 +151,14 @@ def prepare(force: bool, timeout: float) -> None:
     per virtual environment (its Spark) and Java: the class archive, by running the demo for
     a few seconds to learn which classes a session loads; and the checkpoint file manager,
     compiled with javac, which writes checkpoint entries without starting processes."""
-    _prepare_archive(force, timeout)
-    _prepare_checkpoint_jar(force)
+    failures = []
+    steps: list[Callable[[], None]] = [lambda: _prepare_archive(force, timeout),
+                                       lambda: _prepare_checkpoint_jar(force)]
+    for step in steps:
+        try:
+            step()
+        except click.ClickException as failure:  # the other step is still worth making
+            click.echo(f"Error: {failure.message}", err=True)
+            failures.append(failure.message)
+    if failures:
+        raise click.ClickException(f"{len(failures)} of 2 steps failed (above)")

@@ -9,9 +9,10 @@ three processes started by the JVM per entry, about 4 ms each here, so a batch's
 `java/LocalCheckpointFileManager.java` is Spark's FileContext-based manager with those three
 calls made through java.nio on local paths (every other call, and every other file system,
 stays Spark's). `cdcflow prepare` compiles it against this pyspark's jars with `javac` (a
-JDK) into a jar in the user's cache (`jar_path`). A session that cdcflow starts itself uses
-the jar when it is there and the caller named no checkpoint manager of his own
-(`checkpoint_settings`); without it, Spark's default manager runs as before.
+JDK) into a jar in the user's cache (`jar_path`). A session whose JVM `session()` starts
+gets the jar on its class path (`jar_settings`), and every session `session()` returns uses
+the manager if its JVM can load it and the caller chose no manager (`use_manager`);
+otherwise Spark's default manager runs as before.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from cdcflow.errors import FailedPrecondition
 from cdcflow.spark.class_archive import cache_folder, current_identity, owned_privately
@@ -56,17 +58,46 @@ def usable_jar() -> Path | None:
     return path if private else None
 
 
-def checkpoint_settings(settings: dict[str, str]) -> dict[str, str]:
-    """The settings that make a new session's checkpoints use the manager: none if the
-    caller chose a manager himself or there is no usable jar; else the class, and the jar
-    added to the caller's spark.jars."""
-    if MANAGER_KEY in settings:
+def jar_settings(settings: dict[str, str]) -> dict[str, str]:
+    """For a session that starts its JVM: the jar added to the caller's spark.jars; none if
+    the caller chose a manager or jars another way (a spark-defaults.conf that names either,
+    `--jars` in PYSPARK_SUBMIT_ARGS: this setting would replace theirs) or there is no
+    usable jar."""
+    if MANAGER_KEY in settings or _jars_chosen_elsewhere():
         return {}
     jar = usable_jar()
     if jar is None:
         return {}
     jars = [j for j in settings.get(JARS_KEY, "").split(",") if j]
-    return {MANAGER_KEY: MANAGER_CLASS, JARS_KEY: ",".join([*jars, str(jar)])}
+    return {JARS_KEY: ",".join([*jars, str(jar)])}
+
+
+def _jars_chosen_elsewhere() -> bool:
+    if "--jars" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        return True
+    folder = os.environ.get("SPARK_CONF_DIR") or (
+        str(Path(os.environ["SPARK_HOME"]) / "conf") if os.environ.get("SPARK_HOME") else None)
+    if folder is None:
+        return False
+    try:
+        lines = (Path(folder) / "spark-defaults.conf").read_text().splitlines()
+    except OSError:
+        return False
+    named = {line.replace("=", " ").split()[0] for line in lines if line.strip()}
+    return bool(named & {JARS_KEY, MANAGER_KEY})
+
+
+def use_manager(spark: Any, caller_chose: bool) -> bool:
+    """Make the session's checkpoints use the manager if the caller chose none, none is set
+    already, and the JVM can load the class (its jar reached the driver's class path):
+    checked, so a JVM started without it (before `cdcflow prepare`, by spark-submit, by an
+    earlier session of this process) keeps Spark's own manager and its queries run."""
+    if caller_chose or spark.conf.get(MANAGER_KEY, None) is not None:
+        return False
+    if not spark._jvm.org.apache.spark.util.Utils.classIsLoadable(MANAGER_CLASS):
+        return False
+    spark.conf.set(MANAGER_KEY, MANAGER_CLASS)
+    return True
 
 
 def find_javac() -> Path:

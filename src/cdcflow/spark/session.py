@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cdcflow.spark.checkpoint_files import checkpoint_settings
+from cdcflow.spark.checkpoint_files import MANAGER_KEY, jar_settings, use_manager
 from cdcflow.spark.class_archive import (
     SUBMIT_OPTIONS_VARIABLE,
     cache_folder,
@@ -141,10 +141,11 @@ def _settings(verbose: bool, conf: dict[str, str], loopback: bool) -> dict[str, 
     return settings | {key.replace("_", "."): value for key, value in conf.items()}
 
 
-def _context_running() -> bool:
+def _jvm_running() -> bool:
+    """Whether this process has a JVM already: pyspark keeps it after a context stops."""
     from pyspark import SparkContext
 
-    return SparkContext._active_spark_context is not None
+    return SparkContext._gateway is not None
 
 
 def _start_context(app_name: str, master: str | None, settings: dict[str, str],
@@ -251,8 +252,8 @@ def session(app_name: str = "cdcflow", master: str | None = None, verbose: bool 
     from cdcflow.spark.source import ChangeStreamSource
 
     settings = _settings(verbose, conf, loopback)
-    if SUBMITTED not in os.environ and not _context_running():  # this call starts the JVM
-        settings |= checkpoint_settings(settings)
+    if SUBMITTED not in os.environ and not _jvm_running():  # this call starts the JVM
+        settings |= jar_settings(settings)
     if master is not None and standalone_addresses(master):  # executors import this cdcflow
         shipped = [p for p in settings.get("spark.submit.pyFiles", "").split(",") if p]
         settings["spark.submit.pyFiles"] = ",".join([str(package_zip()), *shipped])
@@ -272,4 +273,5 @@ def session(app_name: str = "cdcflow", master: str | None = None, verbose: bool 
         if master is None and str(spark.sparkContext.master).startswith("spark://"):
             spark.sparkContext.addPyFile(str(package_zip()))  # before the source captures
         spark.dataSource.register(ChangeStreamSource)  # the files its workers get
+        use_manager(spark, MANAGER_KEY in settings)
     return spark
