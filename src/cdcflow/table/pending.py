@@ -334,6 +334,8 @@ def commit_pending_files(root: str, files: list[dict[str, Any]], app_id: str | N
                 actions, mode="append", schema=table.schema(),
                 commit_properties=CommitProperties(app_transactions=transactions),
             )
+            if logs is not None:  # the loaded table does not move past its own commit; left
+                logs.fresh(root)  # behind, the next batch's (app_id) would be refused first
             return True
         except CommitFailedError:
             if attempt == COMMIT_ATTEMPTS:

@@ -71,3 +71,25 @@ def test_pending_files_are_read_once_and_the_cache_keeps_to_its_rows(tmp_path: P
     assert cache.rows(paths[0], target).to_pydict() == {"id": [0, 1, 2]}
     wider = pa.schema([pa.field("id", pa.int64()), pa.field("note", pa.string())])
     assert cache.rows(paths[0], wider).column_names == ["id", "note"]  # per target schema
+
+
+def test_a_querys_batches_commit_at_the_first_attempt(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch):
+    """Delta refuses a commit whose app transaction it finds in a commit newer than the
+    table it was made on, the query's own last batch included: the loaded table moves past
+    each commit, so batch after batch commits without a refused attempt."""
+    table = CdcTable.create(tmp_path / "t", "id INT64 NOT NULL", ["id"])
+    logs = PendingLogs()
+    logs.fresh(table.root)
+    attempts = []
+    commit = DeltaTable.create_write_transaction
+
+    def counted(self: DeltaTable, *args: object, **kwargs: object) -> None:
+        attempts.append(self.version())
+        commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", counted)
+    for batch in range(1, 6):
+        assert commit_pending_files(str(table.root), [], "app", batch, SYSTEM_CLOCK, logs)
+    assert len(attempts) == 5, attempts
+    assert logs.fresh(table.root, refresh=False).transaction_version("app") == 5
