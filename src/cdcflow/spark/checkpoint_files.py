@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.errors import FailedPrecondition
-from cdcflow.spark.class_archive import cache_folder, current_identity, owned_privately
+from cdcflow.spark.class_archive import cache_folder, current_identity, private_cache_file
 
 SOURCE = Path(__file__).parent / "java" / "LocalCheckpointFileManager.java"
 MANAGER_CLASS = "cdcflow.jvm.LocalCheckpointFileManager"
@@ -51,11 +51,7 @@ def jar_path() -> Path | None:
 def usable_jar() -> Path | None:
     """The jar if `cdcflow prepare` made it and nobody else can have changed it. Its path
     must not hold a comma (spark.jars is a list) nor a space or quote."""
-    path = jar_path()
-    if path is None or any(c.isspace() or c in ",'\"\\" for c in str(path)):
-        return None
-    private = path.is_file() and owned_privately(path) and owned_privately(path.parent)
-    return path if private else None
+    return private_cache_file(jar_path(), unsafe=",")
 
 
 def jar_settings(settings: dict[str, str]) -> dict[str, str]:

@@ -106,14 +106,19 @@ def outdated(archive: Path) -> bool:
         return False
 
 
-def usable_archive() -> Path | None:
-    """The archive if `cdcflow prepare` made it and nobody else can have changed it (nor
-    swapped it in its folder)."""
-    path = archive_path()
-    if path is None or any(c.isspace() or c in "'\"\\" for c in str(path)):
-        return None  # Spark's launcher splits options at spaces and parses quotes
+def private_cache_file(path: Path | None, unsafe: str = "") -> Path | None:
+    """`path` if it is a file nobody else can have changed (nor swapped in its folder) and
+    its name holds no space, quote, backslash or character of `unsafe` (Spark's launcher
+    splits options at spaces and parses quotes); else None."""
+    if path is None or any(c.isspace() or c in "'\"\\" + unsafe for c in str(path)):
+        return None
     private = path.is_file() and owned_privately(path) and owned_privately(path.parent)
     return path if private else None
+
+
+def usable_archive() -> Path | None:
+    """The archive if `cdcflow prepare` made it and nobody else can have changed it."""
+    return private_cache_file(archive_path())
 
 
 def submit_options(settings: dict[str, str]) -> str:
