@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -22,7 +23,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,30 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def listen_ports(count: int) -> list[int]:
+    """`count` distinct free ports below the kernel's range for outgoing connections: a port
+    chosen from that range (as `free_port` does) can be taken as the local end of some
+    connection before the process meant to listen there starts, and Spark then moves its
+    server to the next port. The ports are held together while chosen."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = random.Random().sample(range(10_000, max(low, 10_000 + 4 * count)), 64 * count)
+    with ExitStack() as held:
+        chosen: list[int] = []
+        for port in candidates:
+            probe = held.enter_context(socket.socket())
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise RuntimeError(f"no {count} free ports below {low}")
 
 
 def spark_class() -> str:
@@ -99,6 +124,22 @@ class Cluster:
             time.sleep(0.2)
         raise TimeoutError(f"{count} workers did not register: last {last!r}; logs in {self.home}")
 
+    def wait_for_rest(self, deadline: float) -> None:
+        """Until the master's REST server answers on `rest_port` (it starts with the master,
+        but nothing else waits for it)."""
+        url = f"http://127.0.0.1:{self.rest_port}/v1/submissions/readyz"
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    answer.read()
+                    return
+            except OSError as error:
+                last = error
+            time.sleep(0.2)
+        raise TimeoutError(f"the master's REST server did not answer on port "
+                           f"{self.rest_port}: {last!r}; logs in {self.home}")
+
     def stop(self) -> None:
         for process in [*self.workers, self.master]:
             if process is not None and process.poll() is None:
@@ -111,7 +152,7 @@ def standalone_cluster(home: Path, workers: int = 2, hidden: Sequence[Path] = ()
                        cores: int = 1) -> Iterator[Cluster]:
     """Start a master and `workers` workers of `cores` cores; stop them all at the end."""
     home.mkdir(parents=True, exist_ok=True)
-    port, web, rest = free_port(), free_port(), free_port()
+    port, web, rest, *worker_uis = listen_ports(3 + workers)
     environment = _environment(home, rest)
     cluster = Cluster(home, f"spark://127.0.0.1:{port}", web, rest)
     keep = Path(sys.prefix)
@@ -126,14 +167,16 @@ def standalone_cluster(home: Path, workers: int = 2, hidden: Sequence[Path] = ()
             (work / "local").mkdir(parents=True, exist_ok=True)
             command = [spark_class(), "org.apache.spark.deploy.worker.Worker", cluster.url,
                        "--host", "127.0.0.1", "--cores", str(cores), "--memory", "1g",
-                       "--webui-port", str(free_port()), "--work-dir", str(work)]
+                       "--webui-port", str(worker_uis[index]), "--work-dir", str(work)]
             script = _hiding_script([Path(p) for p in hidden], keep, command)
             with open(home / f"worker-{index}.out", "ab") as out:
                 cluster.workers.append(subprocess.Popen(
                     ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                     env=environment | {"SPARK_LOCAL_DIRS": str(work / "local")},
                     stdout=out, stderr=subprocess.STDOUT, cwd=work))
-        cluster.wait_for_workers(workers, time.monotonic() + START_DEADLINE)
+        deadline = time.monotonic() + START_DEADLINE
+        cluster.wait_for_workers(workers, deadline)
+        cluster.wait_for_rest(deadline)
         yield cluster
     finally:
         cluster.stop()
