@@ -31,6 +31,7 @@ from cdcflow.spark.driver_batch import DriverReader
 from cdcflow.spark.options import parse_options
 from cdcflow.spark.queries import remove_unfinished_writes
 from cdcflow.spark.rows import batch_dicts
+from cdcflow.spark.worker_heap import settle_task_heap
 from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
@@ -97,6 +98,7 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
 
     context = TaskContext.get()
     part = context.partitionId() if context is not None else 0
+    settle_task_heap()
     with collector_paused():
         out = _write_partition(plan, batch_id, part, batches, write_tables, write_events)
     if out:

@@ -19,6 +19,7 @@ from cdcflow.model.source import EMBEDDED
 from cdcflow.model.timestamps import format_rfc3339, from_micros, parse_timestamp, to_micros
 from cdcflow.spark.options import SourceOptions
 from cdcflow.spark.schema import CHANGE_COLUMNS, RAW_COLUMNS, arrow_of, table_columns
+from cdcflow.spark.worker_heap import settle_task_heap
 from cdcflow.store.changelog import open_log
 from cdcflow.store.database import Database
 from cdcflow.store.segments import (
@@ -180,6 +181,7 @@ def _source_columns(record: dict[str, Any], micros: int) -> tuple[str, int, dict
 def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     """One row per mod (or per raw record), as Arrow record batches; the cyclic collector
     is paused while they are made (no cycles among them: `cdcflow.model.collector`)."""
+    settle_task_heap()
     if piece.raw:
         yield from _read_raw(piece)
         return
@@ -269,6 +271,7 @@ def seal_snapshot_slices(pieces: Sequence[SnapshotSlice]) -> None:
 def read_snapshot(piece: SnapshotSlice) -> Iterator[pa.RecordBatch]:
     """Typed rows of a table snapshot slice: from the database, or from the file the driver
     wrote under the slice's segment root."""
+    settle_task_heap()
     if piece.segment_root is not None:
         yield from read_snapshot_file(piece.place()).to_batches(max_chunksize=_BATCH_ROWS)
         return

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from cdcflow.clock import SYSTEM_CLOCK
 from cdcflow.errors import InvalidArgument
+from cdcflow.spark.worker_heap import settle_task_heap
 from cdcflow.table import CdcTable, Connection
 from cdcflow.table.pending import (
     CHANGE_TYPE,
@@ -33,6 +34,7 @@ FILES_SCHEMA = "table_root STRING, path STRING, size BIGINT, rows BIGINT, mode S
 
 def _partition_writer(root: str, schema: pa.Schema, key: tuple[str, ...]) -> Any:
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        settle_task_heap()
         received = list(batches)
         if not received:
             return
