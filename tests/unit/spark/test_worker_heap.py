@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdcflow.spark.worker_heap import freeze_if_grown, settle_task_heap
+from cdcflow.spark.worker_heap import FREEZE_AFTER, freeze_if_grown, settle_task_heap
 
 
 @pytest.fixture
@@ -35,3 +35,21 @@ def test_the_driver_never_freezes(unfrozen: None):
     """No task runs in this process (pyspark's TaskContext is None), as on the driver."""
     assert not settle_task_heap()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_task_freezes_again_only_past_half_the_frozen_count(unfrozen: None, monkeypatch):
+    """Each freeze multiplies the frozen count by at least 1.5: few freezes in a long life,
+    so few cycles frozen with a task's garbage."""
+    import pyspark
+
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: object()))
+    assert settle_task_heap()  # the first task: the imports
+    frozen = gc.get_freeze_count()
+    assert frozen > 2 * FREEZE_AFTER + 2_000  # this process's heap, as a worker's
+    kept = [[] for _ in range(FREEZE_AFTER + 1_000)]  # past FREEZE_AFTER, not half
+    assert not settle_task_heap()
+    assert gc.get_freeze_count() == frozen
+    kept += [[] for _ in range(frozen // 2)]
+    assert settle_task_heap()
+    assert gc.get_freeze_count() >= frozen * 3 // 2
+    assert len(kept) > frozen // 2
