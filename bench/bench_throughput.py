@@ -154,7 +154,7 @@ def run(folder: Path, args: argparse.Namespace) -> None:
                     for round_ in range(args.warm_up_drains)]
         drained = drain(catalog, database, args, args.warm_up_drains * args.backlog)
         samples, writer_rate = sustain(folder, catalog, args) if args.seconds > 0 else ([], 0)
-        outputs = check_outputs(folder, args.backlog)
+        outputs = check_outputs(folder, (args.warm_up_drains + 1) * args.backlog)
         status = catalog.status("throughput")
     finally:
         os.killpg(runner.pid, signal.SIGINT)

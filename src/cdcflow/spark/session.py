@@ -5,9 +5,12 @@ there are no progress bars."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import hashlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -125,21 +128,52 @@ to `session(...)` wins; like cdcflow's other settings, this one wins over spark-
 and spark-submit's --conf, and a SparkContext already running keeps its own."""
 
 
-WORKER_SOCKETS = {"spark.python.unix.domain.socket.enabled": "true"}
-"""Python workers (and accumulators) talk to their JVM over Unix domain sockets, not TCP on
-the loopback (Spark 4.1's option, off by default).
-
-Over TCP every task stalled: its Python worker sat in a socket read for the task's first
-input, about 30 ms, while its JVM task used 3-4 ms of CPU in all (py-spy and Spark's task
-metrics). Over a Unix socket the stall is gone: `bench/bench_spark.py` at 1,000 mods a batch
-went from 172 to 108 ms of addBatch a batch (with `cdcflow.spark.worker_heap`, to 82 ms). The
-socket files go to the JVM's temporary folder (`spark.python.unix.domain.socket.dir` chooses
-another); each executor makes its own, on its own machine. A value given to `session(...)`
-wins, as for cdcflow's other settings."""
+SOCKETS_KEY = "spark.python.unix.domain.socket.enabled"
+SOCKETS_DIR_KEY = "spark.python.unix.domain.socket.dir"
+_SOCKET_NAME_LENGTH = 43
+"""What pyspark adds to the folder for a socket's path: `/.<uuid4>.sock`."""
+_SOCKET_PATH_LIMIT = 107
+"""The longest path a Unix socket can have on Linux (sun_path, less its final zero)."""
 
 
-def _settings(verbose: bool, conf: dict[str, str], loopback: bool) -> dict[str, str]:
-    settings = UNCHECKSUMMED_LOCAL_FILES | WORKER_SOCKETS | {
+def worker_sockets(master: str | None) -> dict[str, str]:
+    """With a local master, Python workers (and accumulators) talk to their JVM over Unix
+    domain sockets in a private folder, not TCP on the loopback (Spark 4.1's option, off by
+    default; Spark 4.0 ignores it).
+
+    Over TCP every task stalled: its Python worker sat in a socket read for the task's first
+    input, about 30 ms, while its JVM task used 3-4 ms of CPU in all (py-spy and Spark's task
+    metrics). Over a Unix socket the stall is gone: `bench/bench_spark.py`'s source at 1,000
+    mods a batch went from 172 to 108 ms of addBatch a batch (with
+    `cdcflow.spark.worker_heap` as well, to 63 ms).
+
+    Over a Unix socket pyspark's daemon and accumulator server skip their secret: a socket
+    file's permissions decide who may connect. So the sockets go to a folder of this
+    process's own, mode 0700 (`tempfile.mkdtemp`), removed at exit. Only a local master gets
+    this: a cluster's executors are on other machines, where that folder is not. Nothing is
+    set (TCP stays) when the folder's path is too long for a socket's, or with spark-submit's
+    master (None here), whose settings decide."""
+    if master is None or not master.startswith("local"):
+        return {}
+    folder = _private_socket_folder()
+    if folder is None:
+        return {}
+    return {SOCKETS_KEY: "true", SOCKETS_DIR_KEY: folder}
+
+
+@functools.cache
+def _private_socket_folder() -> str | None:
+    folder = tempfile.mkdtemp(prefix="cdcflow-sockets-")
+    if len(folder) + _SOCKET_NAME_LENGTH > _SOCKET_PATH_LIMIT:
+        os.rmdir(folder)
+        return None
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def _settings(verbose: bool, conf: dict[str, str], loopback: bool,
+              master: str | None = None) -> dict[str, str]:
+    settings = UNCHECKSUMMED_LOCAL_FILES | worker_sockets(master) | {
         "spark.sql.shuffle.partitions": "4",
         # A batch's fold and writes run in the tasks after its shuffle by key; adaptive
         # execution coalesced a batch's few megabytes into one task, so one core did them.
@@ -264,7 +298,7 @@ def session(app_name: str = "cdcflow", master: str | None = None, verbose: bool 
 
     from cdcflow.spark.source import ChangeStreamSource
 
-    settings = _settings(verbose, conf, loopback)
+    settings = _settings(verbose, conf, loopback, master)
     if SUBMITTED not in os.environ and not _jvm_running():  # this call starts the JVM
         settings |= jar_settings(settings)
     if master is not None and standalone_addresses(master):  # executors import this cdcflow

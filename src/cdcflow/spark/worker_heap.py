@@ -1,38 +1,53 @@
 """The heap of a Spark Python worker, frozen out of the cyclic collector's way.
 
-A reused Python worker runs `gc.collect()` after every task (pyspark's daemon does). That full
-collection walks every object the process tracks: pyspark's, pyarrow's and cdcflow's modules.
-In a worker of the "cdcflow" source that is about 84,000 objects, and a collection of them
-took 17-54 ms here (28 ms on average, measured in the worker). A task waits for its worker to
-finish the previous task's collection, so every small batch paid it.
+A reused Python worker runs `gc.collect()` after every task (pyspark's daemon does, when
+SPARK_REUSE_WORKER is set, Spark's default). That full collection walks every object the
+process tracks: pyspark's, pyarrow's and cdcflow's modules. In a worker of the "cdcflow"
+source that is about 84,000 objects, and a collection of them took 17-54 ms here (28 ms on
+average, measured in the worker). A task waits for its worker to finish the previous task's
+collection, so every small batch paid it.
 
 `gc.freeze()` moves the objects alive now into the permanent generation, which collections
-skip. Reference counting still frees them; only a cycle among frozen objects that later
-becomes garbage would stay (the task's own command, say, when the freeze came in its task).
-So a worker freezes rarely: in its first task (its imports), and again only once the objects
-outside the permanent generation outnumber half of those in it (and FREEZE_AFTER). Each
-freeze then at least multiplies the frozen count by 1.5, so a worker freezes a few times in
-its life, however long it runs, while a collection never walks more than about a third of
-its heap. What a task frees in between is collected as before. The driver and other
-processes that are not Spark tasks are left alone.
+skip. Reference counting still frees them. But a cycle that holds a frozen object is never
+collected once it becomes garbage (the task's own command, say, when the freeze came in its
+task; or a user's UDF object alive at that moment, in a worker that also runs the user's
+UDFs). So a worker freezes rarely: in the first cdcflow task it runs (its imports), and again
+only once the objects outside the permanent generation outnumber FREEZE_AFTER and half of the
+most it ever froze. Each freeze then raises that high-water mark by at least half, so a
+worker freezes a few times in its life however long it runs, and a collection walks at most
+about a third of its heap. Nothing is frozen on the driver, in a worker that is not reused,
+or with CDCFLOW_WORKER_GC_FREEZE=0 in the workers' environment.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 
 FREEZE_AFTER = 20_000
 """The fewest objects tracked outside the permanent generation that make a task freeze them."""
 
+SWITCH = "CDCFLOW_WORKER_GC_FREEZE"
+"""Set to 0 in the workers' environment, no worker freezes its heap."""
+
+_frozen_peak = 0
+"""The most objects this process has had frozen (frozen objects that are freed leave the
+permanent generation, so its own count can fall back)."""
+
 
 def settle_task_heap() -> bool:
-    """In a Spark task's Python worker, freeze the tracked objects when they outnumber
-    FREEZE_AFTER and half of the frozen ones (see the module). Returns whether it froze."""
+    """In a reused Spark task's Python worker, freeze the tracked objects when they outnumber
+    FREEZE_AFTER and half of the most ever frozen (see the module). Returns whether it
+    froze."""
     from pyspark import TaskContext
 
-    if TaskContext.get() is None:
+    if (TaskContext.get() is None or os.environ.get(SWITCH, "1") == "0"
+            or not os.environ.get("SPARK_REUSE_WORKER")):
         return False
-    return freeze_if_grown(max(FREEZE_AFTER, gc.get_freeze_count() // 2))
+    global _frozen_peak
+    froze = freeze_if_grown(max(FREEZE_AFTER, _frozen_peak // 2))
+    _frozen_peak = max(_frozen_peak, gc.get_freeze_count())
+    return froze
 
 
 def freeze_if_grown(limit: int) -> bool:
