@@ -145,7 +145,7 @@ def worker_sockets(master: str | None) -> dict[str, str]:
     input, about 30 ms, while its JVM task used 3-4 ms of CPU in all (py-spy and Spark's task
     metrics). Over a Unix socket the stall is gone: `bench/bench_spark.py`'s source at 1,000
     mods a batch went from 172 to 108 ms of addBatch a batch (with
-    `cdcflow.spark.worker_heap` as well, to 63 ms).
+    `cdcflow.spark.worker_heap` as well, to 63-72 ms).
 
     Over a Unix socket pyspark's daemon and accumulator server skip their secret: a socket
     file's permissions decide who may connect. So the sockets go to a folder of this
