@@ -149,7 +149,8 @@ def worker_sockets(master: str | None) -> dict[str, str]:
 
     Over a Unix socket pyspark's daemon and accumulator server skip their secret: a socket
     file's permissions decide who may connect. So the sockets go to a folder of this
-    process's own, mode 0700 (`tempfile.mkdtemp`), removed at exit. Only a local master gets
+    process's own, mode 0700 (`tempfile.mkdtemp`), removed at exit, or by the next session
+    of this user after a kill (`remove_stale_socket_folders`). Only a local master gets
     this: a cluster's executors are on other machines, where that folder is not. Nothing is
     set (TCP stays) when the folder's path is too long for a socket's, or with spark-submit's
     master (None here), whose settings decide."""
@@ -161,14 +162,39 @@ def worker_sockets(master: str | None) -> dict[str, str]:
     return {SOCKETS_KEY: "true", SOCKETS_DIR_KEY: folder}
 
 
+SOCKET_FOLDER_PREFIX = "cdcflow-sockets-"
+
+
 @functools.cache
 def _private_socket_folder() -> str | None:
-    folder = tempfile.mkdtemp(prefix="cdcflow-sockets-")
+    """`<temp>/cdcflow-sockets-<pid>-<random>`, made once per process."""
+    remove_stale_socket_folders(Path(tempfile.gettempdir()))
+    folder = tempfile.mkdtemp(prefix=f"{SOCKET_FOLDER_PREFIX}{os.getpid()}-")
     if len(folder) + _SOCKET_NAME_LENGTH > _SOCKET_PATH_LIMIT:
         os.rmdir(folder)
         return None
     atexit.register(shutil.rmtree, folder, True)
     return folder
+
+
+def remove_stale_socket_folders(parent: Path) -> list[Path]:
+    """Remove the socket folders of this user's processes that are gone (a killed process
+    runs no exit handler, so its folder stays); the folders removed. A process is gone when
+    signal 0 finds no such pid. A folder whose pid another process reuses stays: it is
+    empty of live sockets, and small."""
+    removed = []
+    for folder in parent.glob(f"{SOCKET_FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(SOCKET_FOLDER_PREFIX).split("-", 1)[0]
+        try:
+            if not pid.isdigit() or folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except OSError:  # gone meanwhile, or a process of another user: not ours to judge
+            continue
+    return removed
 
 
 def _settings(verbose: bool, conf: dict[str, str], loopback: bool,
