@@ -30,17 +30,11 @@ from pathlib import Path
 START_DEADLINE = 180.0
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def listen_ports(count: int) -> list[int]:
-    """`count` distinct free ports below the kernel's range for outgoing connections: a port
-    chosen from that range (as `free_port` does) can be taken as the local end of some
-    connection before the process meant to listen there starts, and Spark then moves its
-    server to the next port. The ports are held together while chosen."""
+    """`count` distinct free ports below the kernel's range for outgoing connections: a port chosen
+    from that range (as `cdcflow.localdb.free_port` does) can be taken as the local end of
+    some connection before the process meant to listen there starts, and Spark then moves
+    its server to the next port. The ports are held together while chosen."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):

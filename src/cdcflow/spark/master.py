@@ -22,10 +22,15 @@ REST_PORT_VARIABLE = "CDCFLOW_SPARK_REST_PORT"
 _FORMS = "local, local[N], local[*], local[N,F] or spark://HOST:PORT[,HOST:PORT...]"
 
 
+def is_local(master: str) -> bool:
+    """Whether `master` is a local one: local, local[N], local[*] or local[N,F]."""
+    return _LOCAL.fullmatch(master) is not None
+
+
 def standalone_addresses(master: str) -> list[tuple[str, int]]:
     """The (host, port) of each master of a standalone URL; [] for a local master. Any
     other master is InvalidArgument."""
-    if _LOCAL.fullmatch(master):
+    if is_local(master):
         return []
     if not master.startswith(_STANDALONE):
         raise InvalidArgument(f"Spark master {master!r} is not supported: use {_FORMS}")

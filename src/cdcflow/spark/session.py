@@ -26,7 +26,7 @@ from cdcflow.spark.class_archive import (
     owned_privately,
     submit_options,
 )
-from cdcflow.spark.master import check_master, standalone_addresses
+from cdcflow.spark.master import check_master, is_local, standalone_addresses
 from cdcflow.spark.shipping import package_zip
 
 SUBMITTED = "PYSPARK_GATEWAY_PORT"
@@ -154,7 +154,7 @@ def worker_sockets(master: str | None) -> dict[str, str]:
     this: a cluster's executors are on other machines, where that folder is not. Nothing is
     set (TCP stays) when the folder's path is too long for a socket's, or with spark-submit's
     master (None here), whose settings decide."""
-    if master is None or not master.startswith("local"):
+    if master is None or not is_local(master):
         return {}
     folder = _private_socket_folder()
     if folder is None:

@@ -11,12 +11,13 @@ collection, so every small batch paid it.
 skip. Reference counting still frees them. But a cycle that holds a frozen object is never
 collected once it becomes garbage (the task's own command, say, when the freeze came in its
 task; or a user's UDF object alive at that moment, in a worker that also runs the user's
-UDFs). So a worker freezes rarely: in the first cdcflow task it runs (its imports), and again
-only once the objects outside the permanent generation outnumber FREEZE_AFTER and half of the
-most it ever froze. Each freeze then raises that high-water mark by at least half, so a
-worker freezes a few times in its life however long it runs, and a collection walks at most
-about a third of its heap. Nothing is frozen on the driver, in a worker that is not reused,
-or with CDCFLOW_WORKER_GC_FREEZE=0 in the workers' environment.
+UDFs). So a worker freezes rarely: in the first cdcflow task it runs (its imports), and
+again only once the objects outside the permanent generation outnumber FREEZE_AFTER and half
+of the most it ever froze. A freeze thus needs that many objects kept alive since the last
+one, which a worker's bounded caches (about 12,000 objects in a source worker) do not reach:
+it freezes a few times in its life, and a collection walks at most about a third of its
+heap. Nothing is frozen on the driver, in a worker that is not reused, or with
+CDCFLOW_WORKER_GC_FREEZE=0 in the workers' environment.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.errors import Unavailable
+from cdcflow.spark.master import is_local
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.queries import QueryControl, stop_between_batches
 from cdcflow.store.database import Database
@@ -129,7 +130,7 @@ def warm_standby(spark: Any, master: str) -> dict[str, Any]:
     changes)."""
     if spark is None:
         return {"skipped": "no Spark session"}
-    if not master.startswith("local"):
+    if not is_local(master):
         return {"skipped": f"the master {master!r} is not local"}
     try:
         return warm_up(spark)
