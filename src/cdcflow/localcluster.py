@@ -7,7 +7,8 @@ worker gets its own web UI port, work directory and local directory. A hidden pa
 with an empty tmpfs inside the worker's namespace, so neither the worker nor its executors
 (which inherit the namespace) can open anything under it; the virtualenv is bound back when
 it lies under a hidden path, so that executors still find Python and the dependencies, but
-not cdcflow's sources (an editable install points into the hidden tree).
+not cdcflow's sources (an editable install points into the hidden tree). Workers may be
+bound to CPUs of their own (`pinned`), as on machines of their own.
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ def _hiding_script(hidden: Sequence[Path], keep: Path, command: list[str]) -> st
     return "\n".join(lines)
 
 
+def cpu_binding(index: int, cores: int, usable: Sequence[int]) -> list[str]:
+    """`taskset` arguments that bind worker `index` to `cores` of the `usable` CPUs, the
+    workers taking them in turn (wrapping round when there are more workers than CPUs)."""
+    ordered = sorted(usable)
+    chosen = {ordered[(index * cores + k) % len(ordered)] for k in range(cores)}
+    return ["taskset", "--cpu-list", ",".join(str(cpu) for cpu in sorted(chosen))]
+
+
 @dataclass
 class Cluster:
     """A running standalone cluster; `url` is its master, `workers` its worker processes."""
@@ -143,13 +152,20 @@ class Cluster:
 
 @contextmanager
 def standalone_cluster(home: Path, workers: int = 2, hidden: Sequence[Path] = (),
-                       cores: int = 1) -> Iterator[Cluster]:
-    """Start a master and `workers` workers of `cores` cores; stop them all at the end."""
+                       cores: int = 1, pinned: bool = False) -> Iterator[Cluster]:
+    """Start a master and `workers` workers of `cores` cores; stop them all at the end.
+
+    `pinned` binds each worker, and all it starts (its executors and their Python workers),
+    to `cores` CPUs of its own, taken in turn from the CPUs this process may use (`taskset`).
+    Spark's `--cores` counts task slots, not CPUs: unpinned, a worker of one core runs its
+    executor's JVM threads and its Python worker on every CPU of the machine, which a worker on
+    a machine of one CPU could not."""
     home.mkdir(parents=True, exist_ok=True)
     port, web, rest, *worker_uis = listen_ports(3 + workers)
     environment = _environment(home, rest)
     cluster = Cluster(home, f"spark://127.0.0.1:{port}", web, rest)
     keep = Path(sys.prefix)
+    usable = sorted(os.sched_getaffinity(0))
     try:
         with open(home / "master.out", "ab") as out:
             cluster.master = subprocess.Popen(
@@ -163,9 +179,11 @@ def standalone_cluster(home: Path, workers: int = 2, hidden: Sequence[Path] = ()
                        "--host", "127.0.0.1", "--cores", str(cores), "--memory", "1g",
                        "--webui-port", str(worker_uis[index]), "--work-dir", str(work)]
             script = _hiding_script([Path(p) for p in hidden], keep, command)
+            binding = cpu_binding(index, cores, usable) if pinned else []
             with open(home / f"worker-{index}.out", "ab") as out:
                 cluster.workers.append(subprocess.Popen(
-                    ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                    [*binding, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+                     script],
                     env=environment | {"SPARK_LOCAL_DIRS": str(work / "local")},
                     stdout=out, stderr=subprocess.STDOUT, cwd=work))
         deadline = time.monotonic() + START_DEADLINE
