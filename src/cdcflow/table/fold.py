@@ -72,17 +72,36 @@ def _parsed_types(text: str) -> dict[str, ColumnTypeInfo]:
     return {c["name"]: ColumnTypeInfo.from_dict(c) for c in json.loads(text)}
 
 
-def _needs_base(mod: dict[str, Any]) -> bool:
+def _needs_base(group: list[dict[str, Any]]) -> bool:
     """Whether a key's first mod in a batch lacks columns of the whole row: an UPDATE with
-    only the written columns, or a DELETE without the old values."""
+    only the written columns, unless it wrote them all, or a DELETE without the old values."""
+    mod = group[0]
     capture = mod["value_capture_type"]
     match mod["mod_type"]:
         case "INSERT":
             return False
         case "UPDATE":
-            return capture not in _FULL_ROW
+            return capture not in _FULL_ROW and not _writes_every_column(mod, group[-1])
         case _:
             return capture not in ("OLD_AND_NEW_VALUES", "NEW_ROW_AND_OLD_VALUES")
+
+
+def _writes_every_column(mod: dict[str, Any], last: dict[str, Any]) -> bool:
+    """An UPDATE whose keys and written columns are every column of the key's last mod's
+    `column_types` (a writer of whole rows): `_fold_key` keeps only those columns of the row
+    before the batch, and the UPDATE writes them all, so the folded rows are the same
+    whatever that row was, and the table need not be read for it."""
+    names = _types_of(last).keys()
+    written: dict[str, Any] = orjson.loads(mod["new_values"])
+    if len(written) < len(names) - len(_key_names(last["column_types"])):
+        return False  # most partial updates: no need to read the keys
+    keys: dict[str, Any] = orjson.loads(mod["keys"])
+    return names <= written.keys() | keys.keys()
+
+
+@lru_cache(maxsize=1024)
+def _key_names(text: str) -> frozenset[str]:
+    return frozenset(name for name, info in _parsed_types(text).items() if info.is_primary_key)
 
 
 def _group_key(mod: dict[str, Any]) -> str:
@@ -110,7 +129,7 @@ def fold_mods(tables: dict[str, CdcTable | None], mods: list[dict[str, Any]],
             return tuple(row[n] for n in names)
 
         wanted = [key_of(orjson.loads(group[0]["keys"])) for group in keyed.values()
-                  if _needs_base(group[0])]
+                  if _needs_base(group)]
         wanted += [key_of(moved) for group in keyed.values() for mod in group
                    if (moved := _moved_from(mod)) is not None]
         base = table.lookup(wanted) if table is not None and key_names else {}
