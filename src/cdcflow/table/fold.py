@@ -91,17 +91,9 @@ def _writes_every_column(mod: dict[str, Any], last: dict[str, Any]) -> bool:
     `column_types` (a writer of whole rows): `_fold_key` keeps only those columns of the row
     before the batch, and the UPDATE writes them all, so the folded rows are the same
     whatever that row was, and the table need not be read for it."""
-    names = _types_of(last).keys()
     written: dict[str, Any] = orjson.loads(mod["new_values"])
-    if len(written) < len(names) - len(_key_names(last["column_types"])):
-        return False  # most partial updates: no need to read the keys
     keys: dict[str, Any] = orjson.loads(mod["keys"])
-    return names <= written.keys() | keys.keys()
-
-
-@lru_cache(maxsize=1024)
-def _key_names(text: str) -> frozenset[str]:
-    return frozenset(name for name, info in _parsed_types(text).items() if info.is_primary_key)
+    return _types_of(last).keys() <= written.keys() | keys.keys()
 
 
 def _group_key(mod: dict[str, Any]) -> str:
