@@ -20,7 +20,7 @@ import pyarrow as pa
 from cdcflow.model.timestamps import from_micros
 from cdcflow.spark.offsets import StreamOffset
 from cdcflow.spark.options import SourceOptions
-from cdcflow.spark.reading import change_slices, read_changes
+from cdcflow.spark.reading import ChangeSlice, change_slices, read_changes
 from cdcflow.store.changelog import open_log
 
 OFFSET_LOG_VERSION = "v1"
@@ -50,11 +50,10 @@ class DriverReader:
     options: SourceOptions
     limit: int
 
-    def read(self, batch_id: int) -> list[pa.RecordBatch] | int | None:
-        """The batch's mods (the columns of the frame); or how many mods it has when that
-        is more than `limit` (the executors' work, known without reading it); or None when
-        the offset log does not say (let Spark read it)."""
-        if batch_id < 1 or self.limit < 1 or self.options.stream is None:
+    def slices(self, batch_id: int) -> list[ChangeSlice] | None:
+        """The slices of the batch's partitions (the same ones Spark's source plans), or None
+        when the offset log does not say where the batch starts and ends."""
+        if batch_id < 1 or self.options.stream is None:
             return None
         begin = logged_offset(self.checkpoint, batch_id - 1)
         end = logged_offset(self.checkpoint, batch_id)
@@ -64,7 +63,16 @@ class DriverReader:
             return []
         log = open_log(self.options.database)
         live = log.partitions(self.options.stream, ending_after=begin.timestamp + 1)
-        pieces = change_slices(self.options, live, begin.timestamp, end.timestamp)
+        return change_slices(self.options, live, begin.timestamp, end.timestamp)
+
+    def read(self, batch_id: int) -> list[pa.RecordBatch] | int | None:
+        """The batch's mods (the columns of the frame); or how many mods it has when that
+        is more than `limit` (the executors' work, known without reading it); or None when
+        the offset log does not say (let Spark read it)."""
+        pieces = self.slices(batch_id) if self.limit >= 1 else None
+        if not pieces:
+            return pieces  # None: Spark reads it; []: an empty batch
+        log = open_log(self.options.database)
         total = sum(log.log_mod_total(piece.stream, piece.token, from_micros(piece.after),
                                       from_micros(piece.until)) for piece in pieces)
         if total > self.limit:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,10 @@ from cdcflow.model.collector import collector_paused
 from cdcflow.model.events import change_of_row, event_of_change
 from cdcflow.model.timestamps import to_micros
 from cdcflow.spark.driver_batch import DriverReader
+from cdcflow.spark.keyed_batch import mods_of_share, run_keyed, share_count
 from cdcflow.spark.options import parse_options
 from cdcflow.spark.queries import remove_unfinished_writes
+from cdcflow.spark.reading import ChangeSlice
 from cdcflow.spark.rows import batch_dicts
 from cdcflow.spark.worker_heap import settle_task_heap
 from cdcflow.store.database import Database
@@ -103,6 +106,16 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
         out = _write_partition(plan, batch_id, part, batches, write_tables, write_events)
     if out:
         yield pa.RecordBatch.from_pylist(out)
+
+
+def _share_work(plan: BatchPlan, batch_id: int, write_tables: bool, write_events: bool,
+                share: int, shares: int, pieces: list[ChangeSlice]) -> list[dict[str, Any]]:
+    """Executor side of a keyed batch: the mods of one share of the keys, read from the
+    pieces, folded and written as `process_partition` does (the share is the part)."""
+    settle_task_heap()
+    with collector_paused():
+        return _write_partition(plan, batch_id, share, mods_of_share(pieces, share, shares),
+                                write_tables, write_events)
 
 
 def _write_partition(plan: BatchPlan, batch_id: int, part: int,
@@ -185,8 +198,10 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
     """Fold and write a batch; the descriptions of what was written. A small batch (at most
     `plan.driver_rows` mods) is done on the driver in one piece: every key's mods are in it
     (the fold orders them). It is read from the log by `driver` when it can, else by one
-    Spark read. A larger one is repartitioned by (table, keys) and done by the executors;
-    the driver tells it is larger by counting its mods in the log, without reading it."""
+    Spark read. A larger one is done by the executors (the driver tells it is larger by
+    counting its mods in the log, without reading it): in shares of the keys, each task
+    reading the batch from the log itself (`keyed_batch`), or, with more task slots or no
+    offsets logged, repartitioned by (table, keys)."""
     small = driver.read(batch_id) if driver is not None and plan.driver_rows > 0 else None
     if small is None and plan.driver_rows > 0:  # not known from the log: ask Spark
         table = frame.limit(plan.driver_rows + 1).toArrow()
@@ -195,6 +210,11 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
         return [row for batch in process_partition(
             plan, batch_id, iter(small), write_tables, write_events)
             for row in batch.to_pylist()]
+    pieces = driver.slices(batch_id) if driver is not None else None
+    shares = share_count(frame.sparkSession.sparkContext.defaultParallelism)
+    if pieces is not None and shares is not None:  # no row through the JVM: `keyed_batch`
+        return run_keyed(frame.sparkSession, pieces, shares,
+                         partial(_share_work, plan, batch_id, write_tables, write_events))
     # no sort within the partitions: the fold puts each key's mods in log order itself
     arranged = frame.repartition("table_name", "keys")
     return [r.asDict() for r in arranged.mapInArrow(

@@ -174,10 +174,12 @@ def write_with_churn_and_a_kill(db_path: str, pg: LocalPostgres,
     assert len(open_log(db_path).partitions("Everything")) > 1
 
 
-def check_equal_to_sources(catalog: Catalog, catalog_path: Path, shared: Path) -> None:
+def check_equal_to_sources(catalog: Catalog, catalog_path: Path, shared: Path,
+                           runner_out: Path) -> None:
     for name in ("lake", "pg"):
         code, report = cli_verify(catalog_path, name)
-        assert code == 0 and report["equal"], report
+        assert code == 0 and report["equal"], (report, catalog.errors(name),
+                                               runner_out.read_text()[-4000:])
         assert all(o["rows"]["source"] > 0 for o in report["objects"]), report
         [folder] = (shared / "segments").glob(f"{name}-*")  # no batch went to executors?
         segments = list(folder.rglob("*.arrow"))
@@ -216,7 +218,7 @@ def test_streams_on_a_cluster_equal_the_source_and_a_local_run(spark, tmp_path: 
                 check_unshared_root_refused(catalog, private / "store")
                 write_with_churn_and_a_kill(db_path, pg, runner)
                 runner = start_runner(catalog_path, c.rest_port, private / "runner.out")
-                check_equal_to_sources(catalog, catalog_path, shared)
+                check_equal_to_sources(catalog, catalog_path, shared, private / "runner.out")
             finally:
                 os.killpg(runner.pid, signal.SIGINT)
                 assert runner.wait(120) == 0, (private / "runner.out").read_text()[-3000:]

@@ -1,0 +1,163 @@
+"""Keyed batches (issue 11): tasks that read the log themselves, each for a share of the keys,
+write the same CDC tables and the same events as Spark's repartition of the batch's frame.
+
+Two batches of a log with partial updates and deletes (OLD_AND_NEW_VALUES: a key's first
+UPDATE in the second batch is folded onto its row from the first), over partitions split and
+merged meanwhile, go through `run_batch` three ways: repartitioned, in 2 shares (local[2])
+and in 3; the tables equal the source, and the events are the same but for their read time.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdcflow import Database, PartitionPolicy
+from cdcflow.events.files import EventFileWriter, Rotation
+from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
+from cdcflow.spark import keyed_batch, pipeline
+from cdcflow.spark.driver_batch import DriverReader
+from cdcflow.spark.offsets import StreamOffset
+from cdcflow.spark.options import parse_options
+from cdcflow.spark.pipeline import BatchPlan, EventsPlan, run_batch
+from cdcflow.spark.reading import read_changes
+from cdcflow.table import CdcTable
+from cdcflow.table.pending import PendingLogs
+from cdcflow.testing import WORKLOAD_DDL, run_mixed_writer, run_partition_churn, run_writer
+
+pytestmark = pytest.mark.integration
+POLICY = PartitionPolicy(split_records=60, max_partitions=6, merge_min_age_seconds=0.3,
+                         merge_max_records_per_second=40.0, check_interval_seconds=0.1)
+
+
+def build_log(path: str) -> tuple[Database, list[int]]:
+    """A log of mixed writes with churn; the micros before it, at its middle and at its end."""
+    db = Database.open(path, partition_policy=POLICY)
+    db.ddl(WORKLOAD_DDL)
+    db.ddl("CREATE CHANGE STREAM Everything FOR ALL "
+           "OPTIONS (value_capture_type = 'OLD_AND_NEW_VALUES')")
+    start = to_micros(db.current_timestamp())
+    churn = multiprocessing.get_context("spawn").Process(
+        target=run_partition_churn, args=(path, "Everything", 2.0, 9))
+    churn.start()
+    history = str(Path(path).with_suffix(".history"))
+    run_mixed_writer(path, 11, 150, key_space=60)
+    run_writer(path, 21, 60, history, key_space=60)  # Ledger too, with composite keys
+    middle = to_micros(db.current_timestamp())
+    run_mixed_writer(path, 12, 150, key_space=60)
+    run_writer(path, 22, 60, history, key_space=60)
+    churn.join(60)
+    assert churn.exitcode == 0
+    assert len(db.partitions("Everything")) > 2, "no partition was split"
+    return db, [start - 1, middle, to_micros(db.current_timestamp())]
+
+
+def write_offsets(checkpoint: Path, bounds: list[int]) -> None:
+    """Spark's offset log of the two batches, as a query writes it before running each."""
+    (checkpoint / "offsets").mkdir(parents=True)
+    for batch_id, micros in enumerate(bounds):
+        (checkpoint / "offsets" / str(batch_id)).write_text("\n".join(
+            ["v1", "{}", json.dumps(StreamOffset(micros, ()).to_dict())]))
+
+
+def run_two_batches(spark: Any, db: Database, path: str, folder: Path,
+                    bounds: list[int]) -> None:
+    tables = pipeline._embedded_tables(db, "Everything", folder / "warehouse", None)
+    plan = BatchPlan("keyed", path, tuple(tables), tables, f"app-{folder.name}",
+                     EventsPlan(str(folder / "events"), "json", Rotation()), driver_rows=0)
+    options = {"database": path, "stream": "Everything"}
+    write_offsets(folder / "checkpoint", bounds)
+    driver = DriverReader(str(folder / "checkpoint"), parse_options(options), 0)
+    logs = PendingLogs()
+    for batch_id in (1, 2):
+        frame = (spark.read.format("cdcflow").options(**options)
+                 .option("startingTimestamp", format_rfc3339(from_micros(bounds[batch_id - 1]
+                                                                         + 1)))
+                 .option("endingTimestamp", format_rfc3339(from_micros(bounds[batch_id])))
+                 .load())
+        result = run_batch(plan, frame, batch_id, driver, logs)
+        assert result["rows"] > 0
+
+
+def table_rows(folder: Path, name: str) -> list[dict[str, Any]]:
+    rows = CdcTable.open(folder / "warehouse" / name).to_arrow().to_pylist()
+    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
+
+
+def events(folder: Path) -> list[dict[str, Any]]:
+    found = []
+    for file in EventFileWriter(str(folder / "events"), "keyed").committed_files():
+        for line in file.read_text().splitlines():
+            event = json.loads(line)
+            event.pop("read_timestamp")
+            found.append(event)
+    return sorted(found, key=lambda e: e["uuid"])
+
+
+def test_shares_write_what_the_repartition_writes(spark, tmp_path: Path, monkeypatch: Any):
+    path = str(tmp_path / "log.db")
+    db, bounds = build_log(path)
+    ways = {"repartitioned": None, "2 shares": 2, "3 shares": 3}
+    chosen: list[int | None] = []
+    for way, shares in ways.items():
+        monkeypatch.setattr(pipeline, "share_count",
+                            lambda slots, shares=shares: chosen.append(shares) or shares)
+        run_two_batches(spark, db, path, tmp_path / way.replace(" ", "-"), bounds)
+    assert chosen == [None, None, 2, 2, 3, 3]
+    for name in ("Accounts", "Ledger"):
+        source = sorted(db.scan(name), key=lambda r: json.dumps(r, sort_keys=True, default=str))
+        assert source
+        for way in ways:
+            assert table_rows(tmp_path / way.replace(" ", "-"), name) == source, (way, name)
+    expected = events(tmp_path / "repartitioned")
+    assert len(expected) == len(log_mods(path, tmp_path / "repartitioned" / "checkpoint"))
+    for way in ("2 shares", "3 shares"):
+        assert events(tmp_path / way.replace(" ", "-")) == expected, way
+
+
+def test_a_share_holds_every_mod_of_its_keys_and_no_other(tmp_path: Path):
+    """`mods_of_share`: the shares of a batch split its mods by (table, keys), each mod in
+    exactly one, in log order within each."""
+    path = str(tmp_path / "log.db")
+    _, bounds = build_log(path)
+    options = parse_options({"database": path, "stream": "Everything"})
+    write_offsets(tmp_path / "checkpoint", bounds)
+    pieces = DriverReader(str(tmp_path / "checkpoint"), options, 0).slices(1)
+    assert pieces
+    everything = log_mods(path, tmp_path / "checkpoint", batches=(1,))
+    for shares in (1, 2, 3):
+        seen = []
+        for share in range(shares):
+            mine = [r for b in keyed_batch.mods_of_share(pieces, share, shares)
+                    for r in b.to_pylist()]
+            assert all(keyed_batch.share_of(r["table_name"], r["keys"], shares) == share
+                       for r in mine)
+            assert all(zlib.crc32(f"{r['table_name']}\x00{r['keys']}".encode()) % shares
+                       == share for r in mine)
+            seen += mine
+        key = [(r["server_transaction_id"], r["record_sequence"], r["mod_index"])
+               for r in seen]
+        assert sorted(key) == sorted((r["server_transaction_id"], r["record_sequence"],
+                                      r["mod_index"]) for r in everything)
+        assert len(set(key)) == len(key)
+
+
+def log_mods(path: str, checkpoint: Path, batches: tuple[int, ...] = (1, 2)
+             ) -> list[dict[str, Any]]:
+    """Every mod of the batches, as the source's rows (read on the driver)."""
+    reader = DriverReader(str(checkpoint), parse_options({"database": path,
+                                                          "stream": "Everything"}), 0)
+    return [row for batch_id in batches for piece in reader.slices(batch_id) or []
+            for batch in read_changes(piece) for row in batch.to_pylist()]
+
+
+def test_shares_only_for_a_few_task_slots():
+    assert keyed_batch.share_count(1) == 1
+    assert keyed_batch.share_count(2) == 2
+    assert keyed_batch.share_count(keyed_batch.MAX_SHARES) == keyed_batch.MAX_SHARES
+    assert keyed_batch.share_count(keyed_batch.MAX_SHARES + 1) is None
