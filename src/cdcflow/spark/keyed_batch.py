@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
-import pyarrow as pa
-
-from cdcflow.spark.reading import ChangeSlice, read_changes, seal_slices
+from cdcflow.spark.reading import ChangeSlice, change_rows, seal_slices
+from cdcflow.spark.rows import row_dicts
+from cdcflow.spark.schema import CHANGE_COLUMNS
 
 MAX_SHARES = 4
 """Past this many task slots a batch is repartitioned instead: each share reads the whole batch,
@@ -42,18 +42,16 @@ def share_of(table_name: str, keys: str, shares: int) -> int:
 
 
 def mods_of_share(pieces: Sequence[ChangeSlice], share: int, shares: int
-                  ) -> Iterator[pa.RecordBatch]:
-    """The batch's mods (the source's columns) whose key falls in `share`, in log order."""
-    for piece in pieces:
-        for batch in read_changes(piece):
-            if shares == 1:
-                yield batch
-                continue
-            tables = batch.column("table_name").to_pylist()
-            keys = batch.column("keys").to_pylist()
-            mine = [share_of(t, k, shares) == share for t, k in zip(tables, keys, strict=True)]
-            if any(mine):
-                yield batch.filter(pa.array(mine, pa.bool_()))
+                  ) -> list[dict[str, Any]]:
+    """The batch's mods (the source's rows, as `batch_dicts` gives them) whose key falls in
+    `share`, in log order; the other mods' values are not even encoded."""
+    keep = None if shares == 1 else partial(_in_share, share, shares)
+    rows = (row for piece in pieces for row in change_rows(piece, keep))
+    return row_dicts(rows, CHANGE_COLUMNS)
+
+
+def _in_share(share: int, shares: int, table_name: str, keys: str) -> bool:
+    return share_of(table_name, keys, shares) == share
 
 
 def run_keyed(spark: Any, pieces: list[ChangeSlice], shares: int,

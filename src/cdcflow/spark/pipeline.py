@@ -103,7 +103,8 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
     part = context.partitionId() if context is not None else 0
     settle_task_heap()
     with collector_paused():
-        out = _write_partition(plan, batch_id, part, batches, write_tables, write_events)
+        out = _write_partition(plan, batch_id, part, [m for b in batches for m in batch_dicts(b)],
+                               write_tables, write_events)
     if out:
         yield pa.RecordBatch.from_pylist(out)
 
@@ -118,10 +119,9 @@ def _share_work(plan: BatchPlan, batch_id: int, write_tables: bool, write_events
                                 write_tables, write_events)
 
 
-def _write_partition(plan: BatchPlan, batch_id: int, part: int,
-                     batches: Iterator[pa.RecordBatch], write_tables: bool,
-                     write_events: bool) -> list[dict[str, Any]]:
-    mods = [m for b in batches for m in batch_dicts(b) if m["table_name"] in plan.objects]
+def _write_partition(plan: BatchPlan, batch_id: int, part: int, rows: list[dict[str, Any]],
+                     write_tables: bool, write_events: bool) -> list[dict[str, Any]]:
+    mods = [m for m in rows if m["table_name"] in plan.objects]
     if not mods:
         return []
     tables: dict[str, CdcTable | None] = {

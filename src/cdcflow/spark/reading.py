@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -192,10 +192,8 @@ def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
 def _change_batches(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
     schema = arrow_of(CHANGE_COLUMNS)
     rows: list[tuple[Any, ...]] = []
-    for kind, micros, record in slice_bodies(piece):
-        if kind != "data":
-            continue
-        rows.extend(_mod_rows(record, micros, piece.token))
+    for row in change_rows(piece):
+        rows.append(row)
         if len(rows) >= _BATCH_ROWS:
             yield _batch(rows, schema)
             rows = []
@@ -203,13 +201,23 @@ def _change_batches(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
         yield _batch(rows, schema)
 
 
+def change_rows(piece: ChangeSlice, keep: Callable[[str, str], bool] | None = None
+                ) -> Iterator[tuple[Any, ...]]:
+    """The slice's mods in `CHANGE_COLUMNS` order, timestamps in micros; with `keep`, only
+    those it takes by table name and keys (as JSON text), the others not encoded."""
+    for kind, micros, record in slice_bodies(piece):
+        if kind == "data":
+            yield from _mod_rows(record, micros, piece.token, keep)
+
+
 def _encode(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _mod_rows(record: dict[str, Any], micros: int, token: str) -> Iterator[tuple[Any, ...]]:
-    """A data record's rows in `CHANGE_COLUMNS` order: the record's values, once per mod.
-    An empty object, a mod's usual old values, is not encoded again."""
+def _mod_rows(record: dict[str, Any], micros: int, token: str,
+              keep: Callable[[str, str], bool] | None = None) -> Iterator[tuple[Any, ...]]:
+    """A data record's rows in `CHANGE_COLUMNS` order: the record's values, once per mod
+    (that `keep` takes). An empty object, a mod's usual old values, is not encoded again."""
     read_method, source_stamp, source_fields = _source_columns(record, micros)
     first = (micros, record["server_transaction_id"], record["record_sequence"])
     shared = (record["table_name"], record["mod_type"], record["value_capture_type"],
@@ -219,8 +227,11 @@ def _mod_rows(record: dict[str, Any], micros: int, token: str) -> Iterator[tuple
     column_types = _encode(record["column_types"])
     source_text = _encode(source_fields)
     for index, mod in enumerate(record["mods"]):
+        keys = _encode(mod["keys"])
+        if keep is not None and not keep(shared[0], keys):
+            continue
         position, old = mod.get("position"), mod["old_values"]
-        yield (*first, index, *shared, _encode(mod["keys"]), _encode(mod["new_values"]),
+        yield (*first, index, *shared, keys, _encode(mod["new_values"]),
                _encode(old) if old or old is None else "{}", column_types,
                read_method, source_stamp,
                _encode(source_fields | position) if position else source_text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,6 +30,28 @@ def batch_dicts(batch: pa.RecordBatch) -> list[dict[str, Any]]:
                else column.to_pylist() for field, column in zip(batch.schema, batch.columns,
                                                                strict=True)]
     return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def row_dicts(rows: Iterable[tuple[Any, ...]], columns: list[tuple[str, str, Any]]
+              ) -> list[dict[str, Any]]:
+    """Rows in `columns` order with timestamps (UTC) in micros, as `batch_dicts` gives them
+    from a record batch of the same rows: each distinct timestamp made once."""
+    names = [name for name, _, _ in columns]
+    stamps = [index for index, (_, kind, _) in enumerate(columns) if kind == "TIMESTAMP"]
+    epoch = _EPOCHS["UTC"]
+    made: dict[int, datetime] = {}
+    out = []
+    for row in rows:
+        values = list(row)
+        for index in stamps:
+            micros = values[index]
+            if micros is not None:
+                stamp = made.get(micros)
+                if stamp is None:
+                    stamp = made[micros] = epoch + timedelta(microseconds=micros)
+                values[index] = stamp
+        out.append(dict(zip(names, values, strict=True)))
+    return out
 
 
 def _timestamps(column: pa.Array, kind: pa.TimestampType) -> list[datetime | None]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import zlib
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from cdcflow.spark.offsets import StreamOffset
 from cdcflow.spark.options import parse_options
 from cdcflow.spark.pipeline import BatchPlan, EventsPlan, run_batch
 from cdcflow.spark.reading import read_changes
+from cdcflow.spark.rows import batch_dicts
 from cdcflow.table import CdcTable
 from cdcflow.table.pending import PendingLogs
 from cdcflow.testing import WORKLOAD_DDL, run_mixed_writer, run_partition_churn, run_writer
@@ -121,8 +123,9 @@ def test_shares_write_what_the_repartition_writes(spark, tmp_path: Path, monkeyp
 
 
 def test_a_share_holds_every_mod_of_its_keys_and_no_other(tmp_path: Path):
-    """`mods_of_share`: the shares of a batch split its mods by (table, keys), each mod in
-    exactly one, in log order within each."""
+    """`mods_of_share`: one share is the batch's rows exactly as `batch_dicts` makes them of
+    the source's record batches; more shares split those rows by (table, keys), each row in
+    exactly one share, in log order within each."""
     path = str(tmp_path / "log.db")
     _, bounds = build_log(path)
     options = parse_options({"database": path, "stream": "Everything"})
@@ -130,21 +133,28 @@ def test_a_share_holds_every_mod_of_its_keys_and_no_other(tmp_path: Path):
     pieces = DriverReader(str(tmp_path / "checkpoint"), options, 0).slices(1)
     assert pieces
     everything = log_mods(path, tmp_path / "checkpoint", batches=(1,))
-    for shares in (1, 2, 3):
+    whole = keyed_batch.mods_of_share(pieces, 0, 1)
+    assert whole == everything
+    assert [type(v) for m in whole for v in m.values()] == \
+        [type(v) for m in everything for v in m.values()]
+    assert {m["commit_timestamp"].tzinfo for m in whole} == {UTC}
+    position = {identity(m): index for index, m in enumerate(everything)}
+    for shares in (2, 3):
         seen = []
         for share in range(shares):
-            mine = [r for b in keyed_batch.mods_of_share(pieces, share, shares)
-                    for r in b.to_pylist()]
-            assert all(keyed_batch.share_of(r["table_name"], r["keys"], shares) == share
-                       for r in mine)
+            mine = keyed_batch.mods_of_share(pieces, share, shares)
             assert all(zlib.crc32(f"{r['table_name']}\x00{r['keys']}".encode()) % shares
                        == share for r in mine)
-            seen += mine
-        key = [(r["server_transaction_id"], r["record_sequence"], r["mod_index"])
-               for r in seen]
-        assert sorted(key) == sorted((r["server_transaction_id"], r["record_sequence"],
-                                      r["mod_index"]) for r in everything)
-        assert len(set(key)) == len(key)
+            order = [position[identity(m)] for m in mine]
+            assert order == sorted(order), "a share's mods are out of log order"
+            assert all(m == everything[position[identity(m)]] for m in mine)
+            seen += [identity(m) for m in mine]
+        assert sorted(seen) == sorted(position), f"{shares} shares lose or repeat mods"
+
+
+def identity(mod: dict[str, Any]) -> tuple[Any, ...]:
+    return (mod["partition_token"], mod["server_transaction_id"], mod["record_sequence"],
+            mod["mod_index"])
 
 
 def log_mods(path: str, checkpoint: Path, batches: tuple[int, ...] = (1, 2)
@@ -153,7 +163,7 @@ def log_mods(path: str, checkpoint: Path, batches: tuple[int, ...] = (1, 2)
     reader = DriverReader(str(checkpoint), parse_options({"database": path,
                                                           "stream": "Everything"}), 0)
     return [row for batch_id in batches for piece in reader.slices(batch_id) or []
-            for batch in read_changes(piece) for row in batch.to_pylist()]
+            for batch in read_changes(piece) for row in batch_dicts(batch)]
 
 
 def test_shares_only_for_a_few_task_slots():
