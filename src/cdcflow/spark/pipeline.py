@@ -247,7 +247,7 @@ def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,
     def batch(frame: Any, batch_id: int) -> None:
         result = run_batch(plan, frame, batch_id, driver, logs)
         if on_batch is not None:
-            on_batch(result)
+            on_batch(result | {"batch_id": batch_id})
 
     remove_unfinished_writes(checkpoint)  # a killed query's half-written log entries
     writer = (reader.load().writeStream.foreachBatch(batch)
@@ -284,6 +284,7 @@ def apply_change_stream(
     trigger: dict[str, Any] | None = None,
     max_records_per_trigger: int | None = None,
     segment_root: str | None = None,
+    on_batch: Callable[[dict[str, Any]], None] | None = None,
 ) -> Any:
     """Start a streaming query that keeps one CDC table per watched table equal to the source.
 
@@ -291,6 +292,9 @@ def apply_change_stream(
     `CdcTable.apply()` or `start_background_apply()`; reads merge pending changes anyway.
     On a cluster, give `segment_root` (a folder every executor reaches, one per query) and
     put the warehouse where every executor reaches it too (README "Running on a cluster").
+    `on_batch` sees each batch's counters (`rows`, `seconds`, `last_micros`, `batch_id`):
+    Spark's own progress counts no input row for a batch whose tasks read the log themselves
+    (`keyed_batch`).
     """
     db = Database.open(database, create=False)
     roots = _embedded_tables(db, stream, warehouse, max_staleness)
@@ -298,4 +302,4 @@ def apply_change_stream(
                      f"change-stream:{Path(database).resolve()}:{stream}")
     return start_query(spark, plan, database, stream, starting_timestamp, checkpoint,
                        trigger or {"processingTime": "1 second"}, max_records_per_trigger,
-                       segment_root=segment_root)
+                       on_batch, segment_root=segment_root)
