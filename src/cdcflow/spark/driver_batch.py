@@ -69,7 +69,13 @@ class DriverReader:
         """The batch's mods (the columns of the frame); or how many mods it has when that
         is more than `limit` (the executors' work, known without reading it); or None when
         the offset log does not say (let Spark read it)."""
-        pieces = self.slices(batch_id) if self.limit >= 1 else None
+        return self.read_slices(self.slices(batch_id))
+
+    def read_slices(self, pieces: list[ChangeSlice] | None
+                    ) -> list[pa.RecordBatch] | int | None:
+        """`read` of the batch whose `slices` these are."""
+        if self.limit < 1:
+            return None
         if not pieces:
             return pieces  # None: Spark reads it; []: an empty batch
         log = open_log(self.options.database)

@@ -202,7 +202,8 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
     counting its mods in the log, without reading it): in shares of the keys, each task
     reading the batch from the log itself (`keyed_batch`), or, with more task slots or no
     offsets logged, repartitioned by (table, keys)."""
-    small = driver.read(batch_id) if driver is not None and plan.driver_rows > 0 else None
+    pieces = driver.slices(batch_id) if driver is not None else None
+    small = driver.read_slices(pieces) if driver is not None and plan.driver_rows > 0 else None
     if small is None and plan.driver_rows > 0:  # not known from the log: ask Spark
         table = frame.limit(plan.driver_rows + 1).toArrow()
         small = table.to_batches() if table.num_rows <= plan.driver_rows else None
@@ -210,7 +211,6 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
         return [row for batch in process_partition(
             plan, batch_id, iter(small), write_tables, write_events)
             for row in batch.to_pylist()]
-    pieces = driver.slices(batch_id) if driver is not None else None
     shares = share_count(frame.sparkSession.sparkContext.defaultParallelism)
     if pieces is not None and shares is not None:  # no row through the JVM: `keyed_batch`
         return run_keyed(frame.sparkSession, pieces, shares,
