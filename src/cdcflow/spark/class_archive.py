@@ -12,10 +12,18 @@ from then on every session this cdcflow starts uses it (`submit_options`). The J
 the archive itself: one made by another Java build, or for other jars, is ignored with a
 warning in the Spark log, and the session starts as it would without it.
 
-CDCFLOW_DRIVER_JAVA_OPTIONS adds options of the caller's to the driver JVM (the tests use
-`-XX:TieredStopAtLevel=1`, see README). It and the archive's option reach the JVM through
-SPARK_SUBMIT_OPTS, so a `spark.driver.extraJavaOptions` of the caller's (the session's or
-spark-defaults.conf's) stays as it was and comes last.
+With a local master the driver JVM also gets `-XX:TieredStopAtLevel=1`
+(`LOCAL_JIT_OPTION`): its JIT compiles with C1 only. In local mode the executors run in that
+JVM, and every new query and micro-batch brings Spark code paths and generated classes to
+compile. C2 spent 1.0-1.2 s of CPU in a 1.8 s query of `bench/bench_spark.py` still in its
+second query, and 0.3 s by the eighth, on cores the Python workers need. With C1 only:
+`bench_spark` 0.55-0.59 -> 0.63-0.68 of the plain loop, `bench_throughput`'s drain
+42.1-43.5k -> 44.9-47.1k changes/s. A caller who chooses the compilers (`_JIT_FLAGS`) gets
+none of this; a cluster's driver and executors are left alone.
+
+CDCFLOW_DRIVER_JAVA_OPTIONS adds options of the caller's to the driver JVM. It and the
+options above reach the JVM through SPARK_SUBMIT_OPTS, so a `spark.driver.extraJavaOptions`
+of the caller's (the session's or spark-defaults.conf's) stays as it was and comes last.
 """
 
 from __future__ import annotations
@@ -34,6 +42,10 @@ _JVM_VARIABLES = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "PYSPARK_SUBMIT_ARGS"
 ARCHIVE_PREFIX = "spark-classes-"
 _CDS_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")
 """Options by which a caller chooses the class sharing himself; cdcflow then adds none."""
+LOCAL_JIT_OPTION = "-XX:TieredStopAtLevel=1"
+_JIT_FLAGS = ("TieredStopAtLevel", "TieredCompilation", "CompilationMode", "-Xint", "-Xcomp",
+              "-Xmixed")
+"""Options by which a caller chooses the JIT compilers himself; cdcflow then adds none."""
 
 
 def cache_folder() -> Path:
@@ -121,17 +133,22 @@ def usable_archive() -> Path | None:
     return private_cache_file(archive_path())
 
 
-def submit_options(settings: dict[str, str]) -> str:
+def submit_options(settings: dict[str, str], local: bool = False) -> str:
     """SPARK_SUBMIT_OPTS for the JVM a session launches: the archive's option (unless the
-    caller chose class sharing himself), CDCFLOW_DRIVER_JAVA_OPTIONS, then whatever
-    SPARK_SUBMIT_OPTS held. Spark's launcher puts these before the driver's
-    `spark.driver.defaultJavaOptions` and `extraJavaOptions`, which thus win, and which stay
-    the caller's, from the session or from spark-defaults.conf."""
+    caller chose class sharing himself), with a `local` master C1 only (unless the caller
+    chose the compilers), CDCFLOW_DRIVER_JAVA_OPTIONS, then whatever SPARK_SUBMIT_OPTS held.
+    Spark's launcher puts these before the driver's `spark.driver.defaultJavaOptions` and
+    `extraJavaOptions`, which thus win, and which stay the caller's, from the session or
+    from spark-defaults.conf."""
     ours = os.environ.get(DRIVER_OPTIONS_VARIABLE, "").strip()
     inherited = os.environ.get(SUBMIT_OPTIONS_VARIABLE, "").strip()
     chosen = [ours, inherited, *(os.environ.get(name, "") for name in _JVM_VARIABLES),
               *(settings.get(key, "") for key in _DRIVER_OPTION_KEYS)]
-    archive = None if any(flag in text for text in chosen for flag in _CDS_FLAGS) \
-        else usable_archive()
+    archive = None if _mentioned(chosen, _CDS_FLAGS) else usable_archive()
+    jit = LOCAL_JIT_OPTION if local and not _mentioned(chosen, _JIT_FLAGS) else ""
     return " ".join(part for part in (f"-XX:SharedArchiveFile={archive}" if archive else "",
-                                      ours, inherited) if part)
+                                      jit, ours, inherited) if part)
+
+
+def _mentioned(options: list[str], flags: tuple[str, ...]) -> bool:
+    return any(flag in text for text in options for flag in flags)

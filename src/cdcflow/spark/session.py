@@ -233,7 +233,7 @@ def _start_context(app_name: str, master: str | None, settings: dict[str, str],
     spark_conf = SparkConf().setAppName(app_name).setAll(list(settings.items()))
     if master is not None:
         spark_conf.setMaster(master)
-    with _launch_environment(settings):
+    with _launch_environment(settings, master is not None and is_local(master)):
         if verbose:
             SparkContext(conf=spark_conf)
             return
@@ -246,11 +246,11 @@ def _start_context(app_name: str, master: str | None, settings: dict[str, str],
 
 
 @contextlib.contextmanager
-def _launch_environment(settings: dict[str, str]) -> Iterator[None]:
-    """SPARK_SUBMIT_OPTS as `submit_options` gives it (the class archive), while the JVM is
-    launched; as it was afterwards."""
+def _launch_environment(settings: dict[str, str], local: bool = False) -> Iterator[None]:
+    """SPARK_SUBMIT_OPTS as `submit_options` gives it (the class archive; C1 only for a
+    `local` master), while the JVM is launched; as it was afterwards."""
     before = os.environ.get(SUBMIT_OPTIONS_VARIABLE)
-    options = submit_options(settings)
+    options = submit_options(settings, local)
     if options:
         os.environ[SUBMIT_OPTIONS_VARIABLE] = options
     try:

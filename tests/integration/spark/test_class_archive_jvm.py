@@ -24,12 +24,15 @@ spark = session("archive-check", master="local[1]")
 jvm = spark.sparkContext._gateway.proc.pid
 with open(f"/proc/{jvm}/maps") as maps:
     mapped = str(archive_path()) in maps.read()
-print(json.dumps({"mapped": mapped, "count": spark.range(1000).count()}))
+with open(f"/proc/{jvm}/cmdline") as command:
+    c1_only = "-XX:TieredStopAtLevel=1" in command.read().split("\\0")
+print(json.dumps({"mapped": mapped, "c1_only": c1_only, "count": spark.range(1000).count()}))
 """
 
 
 def _session_report(env: dict[str, str]) -> dict[str, object]:
-    """Start a session in a new process; whether its JVM mapped the archive, and a count."""
+    """Start a session in a new process; whether its JVM mapped the archive, whether it
+    compiles with C1 only (a local master's default), and a count."""
     result = subprocess.run([sys.executable, "-c", SESSION_REPORT], env=env,
                             capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -48,7 +51,7 @@ def test_a_new_session_maps_the_archive_prepare_made():
     made = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     assert made.returncode == 0, made.stdout + made.stderr
     assert str(archive_path()) in made.stdout
-    assert _session_report(_environment()) == {"mapped": True, "count": 1000}
+    assert _session_report(_environment()) == {"mapped": True, "c1_only": True, "count": 1000}
 
 
 def test_a_damaged_archive_is_ignored_and_the_session_works(tmp_path: Path):
@@ -62,4 +65,4 @@ def test_a_damaged_archive_is_ignored_and_the_session_works(tmp_path: Path):
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(b"\x00not an archive" * 1000)
     damaged.chmod(0o444)
-    assert _session_report(env) == {"mapped": False, "count": 1000}
+    assert _session_report(env) == {"mapped": False, "c1_only": True, "count": 1000}

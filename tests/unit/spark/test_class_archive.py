@@ -17,6 +17,7 @@ from cdcflow.cli.prepare import _session_members, _train, prepare
 from cdcflow.spark.checkpoint_files import jar_path
 from cdcflow.spark.class_archive import (
     DRIVER_OPTIONS_VARIABLE,
+    LOCAL_JIT_OPTION,
     SUBMIT_OPTIONS_VARIABLE,
     _identity,
     archive_path,
@@ -100,6 +101,36 @@ def test_a_caller_who_chose_class_sharing_gets_no_archive_added(
         monkeypatch.setenv(where, value)
     passed_on = where in (DRIVER_OPTIONS_VARIABLE, SUBMIT_OPTIONS_VARIABLE)
     assert submit_options(settings) == (value if passed_on else "")
+
+
+def test_a_local_master_gets_c1_only_after_the_archive_and_before_the_callers_options(
+        cache: Path, monkeypatch: pytest.MonkeyPatch):
+    path = _made()
+    assert submit_options({}, local=True) == f"-XX:SharedArchiveFile={path} {LOCAL_JIT_OPTION}"
+    assert submit_options({}, local=False) == f"-XX:SharedArchiveFile={path}"
+    monkeypatch.setenv(DRIVER_OPTIONS_VARIABLE, "-Xss2m")
+    assert submit_options({}, local=True) == (
+        f"-XX:SharedArchiveFile={path} {LOCAL_JIT_OPTION} -Xss2m")
+    with _launch_environment({}, local=True):
+        assert LOCAL_JIT_OPTION in os.environ[SUBMIT_OPTIONS_VARIABLE]
+    with _launch_environment({}):
+        assert LOCAL_JIT_OPTION not in os.environ[SUBMIT_OPTIONS_VARIABLE]
+
+
+@pytest.mark.parametrize("where,value", [
+    (DRIVER_OPTIONS_VARIABLE, "-XX:TieredStopAtLevel=4"),
+    (DRIVER_OPTIONS_VARIABLE, "-XX:-TieredCompilation"),
+    (SUBMIT_OPTIONS_VARIABLE, "-Xint"),
+    ("JAVA_TOOL_OPTIONS", "-XX:CompilationMode=high-only"),
+    ("spark.driver.extraJavaOptions", "-Xcomp"),
+    ("spark.driver.defaultJavaOptions", "-XX:TieredStopAtLevel=3"),
+])
+def test_a_caller_who_chose_the_compilers_gets_no_jit_option_added(
+        cache: Path, monkeypatch: pytest.MonkeyPatch, where: str, value: str):
+    settings = {where: value} if where.startswith("spark.") else {}
+    if not settings:
+        monkeypatch.setenv(where, value)
+    assert LOCAL_JIT_OPTION not in submit_options(settings, local=True)
 
 
 def test_an_archive_others_can_write_to_or_swap_is_not_used(cache: Path):
