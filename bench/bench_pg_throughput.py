@@ -1,0 +1,191 @@
+"""Sustained throughput from PostgreSQL into CDC tables and event files together, against the
+rate pgbench commits (issue 11, goal 2: the full rate pgbench can commit, lag bounded).
+
+All in one run, on a throwaway server (synchronous_commit off, scale --scale, pgbench -c
+--clients -j 2, 4 changes a transaction: 3 UPDATEs and an INSERT):
+  1. pgbench alone for --seconds, no slot: its changes/s is the baseline;
+  2. `cdcflow run` (local[2]) streams pgbench's tables into CDC tables and JSON event files
+     while pgbench runs again for --seconds on the same two cores (at --rate transactions/s
+     if given). Every --sample seconds the
+     lag is sampled: changes pgbench committed (4 x the new rows of pgbench_history) less the
+     rows the stream processed (its status). The pipeline's rate is its rows over pgbench's
+     run plus the catch-up; the lag is bounded if the last sample is under one second of
+     pgbench's input and the catch-up after pgbench ends takes seconds, not minutes;
+  3. a backlog: the stream is paused, pgbench runs alone for --seconds, the stream resumes;
+     the drain rate (capture and Spark together) is set against pgbench alone (1).
+Usage: python bench/bench_pg_throughput.py [--seconds 60] [--scale 10] [--clients 4]
+                                           [--sample 5] [--rate 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg2
+
+from cdcflow.localdb import LocalPostgres
+from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.definition import StreamDefinition
+from pgkit import (
+    CHANGES_PER_TPCB,
+    PASSWORD_ENV,
+    pgbench,
+    pgbench_transactions,
+    start_server,
+    wait_until,
+)
+
+NAME = "pgthroughput"
+
+
+def define(catalog: Catalog, server: LocalPostgres, folder: Path) -> None:
+    catalog.create(StreamDefinition.parse({
+        "name": NAME, "backfill": "none", "include": ["public.pgbench_*"],
+        "source": {"kind": "postgres", "dsn": server.dsn(), "password_env": PASSWORD_ENV},
+        "destinations": [{"kind": "cdc_table", "warehouse": str(folder / "warehouse")},
+                         {"kind": "event_files", "root": str(folder / "events"),
+                          "format": "json"}],
+        "spark": {"trigger_seconds": 0.5, "max_records_per_trigger": 25_000}}))
+    catalog.act(NAME, "start")
+
+
+def processed(catalog: Catalog) -> int:
+    return int(catalog.status(NAME).get("rows_processed") or 0)
+
+
+def history_rows(server: LocalPostgres) -> int:
+    """pgbench_history's rows: one per pgbench transaction committed so far."""
+    with psycopg2.connect(server.dsn(), password=server.password) as conn, \
+            conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pgbench_history")
+        (count,) = cur.fetchone()
+    conn.close()
+    return int(count)
+
+
+def pgbench_run(server: LocalPostgres, args: argparse.Namespace, rate: int = 0
+                ) -> tuple[int, float]:
+    """(transactions, tps) of one pgbench run of --seconds, at most `rate` tps if set; -n:
+    pgbench_history is not truncated (nor the tables vacuumed) first, so its rows count
+    every run's commits."""
+    limit = ["-R", str(rate)] if rate else []
+    return pgbench_transactions(pgbench(server, "-n", "-c", str(args.clients), "-j", "2",
+                                        *limit, "-T", str(args.seconds)))
+
+
+def beside(server: LocalPostgres, catalog: Catalog, args: argparse.Namespace
+           ) -> tuple[float, list[tuple[float, int]], float, float]:
+    """pgbench with the stream running: (pgbench's changes/s, lag samples (s, changes),
+    the pipeline's changes/s over pgbench's run and the catch-up, the catch-up in s)."""
+    base_rows, base_history = processed(catalog), history_rows(server)
+    result: list[tuple[int, float]] = []
+    bench = threading.Thread(target=lambda: result.append(pgbench_run(server, args, args.rate)))
+    began = time.monotonic()
+    bench.start()
+    samples = []
+    while bench.is_alive():
+        bench.join(args.sample)  # the sampling interval; ends early when pgbench does
+        written = CHANGES_PER_TPCB * (history_rows(server) - base_history)
+        samples.append((time.monotonic() - began, written - (processed(catalog) - base_rows)))
+    ended = time.monotonic()
+    tps = result[0][1]
+    expected = CHANGES_PER_TPCB * (history_rows(server) - base_history)
+    wait_until(lambda: processed(catalog) - base_rows >= expected, 1800,
+               f"{expected:,} changes processed")
+    caught_up = time.monotonic()
+    return tps * CHANGES_PER_TPCB, samples, expected / (caught_up - began), caught_up - ended
+
+
+def backlog(server: LocalPostgres, catalog: Catalog, args: argparse.Namespace
+            ) -> tuple[int, float, float]:
+    """Pause (capture and query stop), pgbench alone, resume: (changes drained after the
+    first batch, seconds from that batch to the last, seconds from resume to that batch)."""
+    catalog.act(NAME, "pause")
+    wait_until(lambda: catalog.get(NAME).state.value == "PAUSED", 300, "PAUSED")
+    base_rows = processed(catalog)
+    transactions, _ = pgbench_run(server, args)
+    expected = CHANGES_PER_TPCB * transactions
+    resumed_at = processed(catalog)
+    catalog.act(NAME, "resume")
+    began = time.monotonic()
+    first = wait_until(lambda: max(processed(catalog) - resumed_at, 0), 600,
+                       "the first batch after the resume") + resumed_at - base_rows
+    first_at = time.monotonic()
+    wait_until(lambda: processed(catalog) - base_rows >= expected, 1800,
+               f"{expected:,} backlog changes processed")
+    return expected - first, time.monotonic() - first_at, first_at - began
+
+
+def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
+    _, alone_tps = pgbench_run(server, args)
+    catalog = Catalog(folder / "catalog.db")
+    define(catalog, server, folder)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
+         str(folder / "catalog.db"), "--master", "local[2]"], start_new_session=True,
+        stdout=open(folder / "runner.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    try:
+        wait_until(lambda: catalog.get(NAME).state.value == "RUNNING"
+                   and "cdc_start" in catalog.status(NAME), 600, "RUNNING")
+        sustained = beside(server, catalog, args)
+        drained = backlog(server, catalog, args)
+        errors = catalog.errors(NAME)
+    finally:
+        os.killpg(runner.pid, signal.SIGINT)
+        runner.wait(120)
+    report(args, alone_tps * CHANGES_PER_TPCB, sustained, drained, errors)
+
+
+def report(args: argparse.Namespace, alone: float,
+           sustained: tuple[float, list[tuple[float, int]], float, float],
+           drained: tuple[int, float, float], errors: list) -> None:
+    with_stream, samples, pipeline, catch_up = sustained
+    lags = [lag for _, lag in samples]
+    bounded = lags[-1] < with_stream and catch_up < 10
+    print(f"PostgreSQL -> CDC tables and JSON event files, pgbench -c {args.clients} -T "
+          f"{args.seconds}, scale {args.scale}, synchronous_commit off, local[2]")
+    print(f"  pgbench alone (the baseline)   : {alone:,.0f} changes/s")
+    asked = f" (asked {args.rate * CHANGES_PER_TPCB:,}/s)" if args.rate else ""
+    print(f"  pgbench with the stream beside : {with_stream:,.0f} changes/s{asked}")
+    print(f"  pipeline over that run         : {pipeline:,.0f} changes/s (with the catch-up of "
+          f"{catch_up:.1f} s); ratio to pgbench beside it {pipeline / with_stream:.2f}")
+    print(f"  lag, changes: first {lags[0]:,}, max {max(lags):,}, last {lags[-1]:,} -> "
+          f"{'bounded' if bounded else 'NOT bounded'}")
+    changes, seconds, startup = drained
+    print(f"  backlog drained at {changes / seconds:,.0f} changes/s ({changes:,} changes after "
+          f"the first batch, which came {startup:.1f} s after the resume); ratio to pgbench "
+          f"alone {changes / seconds / alone:.2f}")
+    kinds = sorted({str(error.get("message", error))[:80] for error in errors})
+    print(f"  stream errors: {len(errors)}" + "".join(f"\n    {kind}" for kind in kinds))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--sample", type=float, default=5.0)
+    parser.add_argument("--rate", type=int, default=0,
+                        help="pgbench's transactions/s beside the stream (-R); 0: as fast as "
+                             "it can")
+    args = parser.parse_args()
+    server = start_server(synchronous_commit=False)
+    try:
+        pgbench(server, "-i", "-q", "-s", str(args.scale))
+        server.sql("shop", "VACUUM ANALYZE")
+        with tempfile.TemporaryDirectory() as folder:
+            run(server, Path(folder), args)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
