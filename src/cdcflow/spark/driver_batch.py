@@ -71,16 +71,20 @@ class DriverReader:
         the offset log does not say (let Spark read it)."""
         return self.read_slices(self.slices(batch_id))
 
-    def read_slices(self, pieces: list[ChangeSlice] | None
+    def mod_counts(self, pieces: list[ChangeSlice]) -> list[int]:
+        """How many mods each slice holds, counted in the log without reading them."""
+        log = open_log(self.options.database)
+        return [log.log_mod_total(piece.stream, piece.token, from_micros(piece.after),
+                                  from_micros(piece.until)) for piece in pieces]
+
+    def read_slices(self, pieces: list[ChangeSlice] | None, counts: list[int] | None = None
                     ) -> list[pa.RecordBatch] | int | None:
-        """`read` of the batch whose `slices` these are."""
+        """`read` of the batch whose `slices` these are (`counts`: their `mod_counts`)."""
         if self.limit < 1:
             return None
         if not pieces:
             return pieces  # None: Spark reads it; []: an empty batch
-        log = open_log(self.options.database)
-        total = sum(log.log_mod_total(piece.stream, piece.token, from_micros(piece.after),
-                                      from_micros(piece.until)) for piece in pieces)
+        total = sum(self.mod_counts(pieces) if counts is None else counts)
         if total > self.limit:
             return total
         return [batch for piece in pieces for batch in read_changes(piece)]

@@ -110,13 +110,14 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
 
 
 def _share_work(plan: BatchPlan, batch_id: int, write_tables: bool, write_events: bool,
-                share: int, shares: int, pieces: list[ChangeSlice]) -> list[dict[str, Any]]:
+                share: int, shares: int, pieces: list[ChangeSlice],
+                owners: dict[str, int] | None) -> list[dict[str, Any]]:
     """Executor side of a keyed batch: the mods of one share of the keys, read from the
     pieces, folded and written as `process_partition` does (the share is the part)."""
     settle_task_heap()
     with collector_paused():
-        return _write_partition(plan, batch_id, share, mods_of_share(pieces, share, shares),
-                                write_tables, write_events)
+        mods = mods_of_share(pieces, share, shares, owners)
+        return _write_partition(plan, batch_id, share, mods, write_tables, write_events)
 
 
 def _write_partition(plan: BatchPlan, batch_id: int, part: int, rows: list[dict[str, Any]],
@@ -203,7 +204,9 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
     reading the batch from the log itself (`keyed_batch`), or, with more task slots or no
     offsets logged, repartitioned by (table, keys)."""
     pieces = driver.slices(batch_id) if driver is not None else None
-    small = driver.read_slices(pieces) if driver is not None and plan.driver_rows > 0 else None
+    counting = driver if driver is not None and plan.driver_rows > 0 else None
+    counts = counting.mod_counts(pieces) if counting is not None and pieces else None
+    small = counting.read_slices(pieces, counts) if counting is not None else None
     if small is None and plan.driver_rows > 0:  # not known from the log: ask Spark
         table = frame.limit(plan.driver_rows + 1).toArrow()
         small = table.to_batches() if table.num_rows <= plan.driver_rows else None
@@ -214,7 +217,8 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
     shares = share_count(frame.sparkSession.sparkContext.defaultParallelism)
     if pieces is not None and shares is not None:  # no row through the JVM: `keyed_batch`
         return run_keyed(frame.sparkSession, pieces, shares,
-                         partial(_share_work, plan, batch_id, write_tables, write_events))
+                         partial(_share_work, plan, batch_id, write_tables, write_events),
+                         counts)
     # no sort within the partitions: the fold puts each key's mods in log order itself
     arranged = frame.repartition("table_name", "keys")
     return [r.asDict() for r in arranged.mapInArrow(

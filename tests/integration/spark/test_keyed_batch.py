@@ -23,6 +23,7 @@ from cdcflow.events.files import EventFileWriter, Rotation
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.spark import keyed_batch, pipeline
 from cdcflow.spark.driver_batch import DriverReader
+from cdcflow.spark.keyed_batch import slice_owners
 from cdcflow.spark.offsets import StreamOffset
 from cdcflow.spark.options import parse_options
 from cdcflow.spark.pipeline import BatchPlan, EventsPlan, run_batch
@@ -37,25 +38,31 @@ POLICY = PartitionPolicy(split_records=60, max_partitions=6, merge_min_age_secon
                          merge_max_records_per_second=40.0, check_interval_seconds=0.1)
 
 
-def build_log(path: str) -> tuple[Database, list[int]]:
-    """A log of mixed writes with churn; the micros before it, at its middle and at its end."""
-    db = Database.open(path, partition_policy=POLICY)
+def build_log(path: str, churn: bool = True) -> tuple[Database, list[int]]:
+    """A log of mixed writes, with churn or over 4 partitions that never split nor merge;
+    the micros before it, at its middle and at its end."""
+    db = Database.open(path, partition_policy=POLICY if churn else PartitionPolicy(auto=False),
+                       initial_partitions=1 if churn else 4)
     db.ddl(WORKLOAD_DDL)
     db.ddl("CREATE CHANGE STREAM Everything FOR ALL "
            "OPTIONS (value_capture_type = 'OLD_AND_NEW_VALUES')")
     start = to_micros(db.current_timestamp())
-    churn = multiprocessing.get_context("spawn").Process(
+    churning = multiprocessing.get_context("spawn").Process(
         target=run_partition_churn, args=(path, "Everything", 2.0, 9))
-    churn.start()
+    if churn:
+        churning.start()
     history = str(Path(path).with_suffix(".history"))
     run_mixed_writer(path, 11, 150, key_space=60)
     run_writer(path, 21, 60, history, key_space=60)  # Ledger too, with composite keys
     middle = to_micros(db.current_timestamp())
     run_mixed_writer(path, 12, 150, key_space=60)
     run_writer(path, 22, 60, history, key_space=60)
-    churn.join(60)
-    assert churn.exitcode == 0
-    assert len(db.partitions("Everything")) > 2, "no partition was split"
+    if churn:
+        churning.join(60)
+        assert churning.exitcode == 0
+        assert len(db.partitions("Everything")) > 2, "no partition was split"
+    else:
+        assert len(db.partitions("Everything")) == 4
     return db, [start - 1, middle, to_micros(db.current_timestamp())]
 
 
@@ -68,13 +75,16 @@ def write_offsets(checkpoint: Path, bounds: list[int]) -> None:
 
 
 def run_two_batches(spark: Any, db: Database, path: str, folder: Path,
-                    bounds: list[int]) -> None:
+                    bounds: list[int], driver_rows: int = 0) -> None:
+    """Both batches through `run_batch`; with `driver_rows` 1, the driver counts each
+    slice's mods (and leaves the batch, larger, to the executors)."""
     tables = pipeline._embedded_tables(db, "Everything", folder / "warehouse", None)
     plan = BatchPlan("keyed", path, tuple(tables), tables, f"app-{folder.name}",
-                     EventsPlan(str(folder / "events"), "json", Rotation()), driver_rows=0)
+                     EventsPlan(str(folder / "events"), "json", Rotation()),
+                     driver_rows=driver_rows)
     options = {"database": path, "stream": "Everything"}
     write_offsets(folder / "checkpoint", bounds)
-    driver = DriverReader(str(folder / "checkpoint"), parse_options(options), 0)
+    driver = DriverReader(str(folder / "checkpoint"), parse_options(options), driver_rows)
     logs = PendingLogs()
     for batch_id in (1, 2):
         frame = (spark.read.format("cdcflow").options(**options)
@@ -101,16 +111,35 @@ def events(folder: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda e: e["uuid"])
 
 
-def test_shares_write_what_the_repartition_writes(spark, tmp_path: Path, monkeypatch: Any):
+@pytest.mark.parametrize("churn", [True, False], ids=["churning", "four-stable-partitions"])
+def test_shares_write_what_the_repartition_writes(spark, tmp_path: Path, monkeypatch: Any,
+                                                 churn: bool):
+    """Shares by key hash, and (counted) by whole partitions where no partition starts or
+    ends inside the batch: never in a churning log, in both batches over stable ones."""
     path = str(tmp_path / "log.db")
-    db, bounds = build_log(path)
-    ways = {"repartitioned": None, "2 shares": 2, "3 shares": 3}
+    db, bounds = build_log(path, churn)
+    ways = {"repartitioned": (None, 0), "2 shares": (2, 0), "3 shares": (3, 0),
+            "2 shares counted": (2, 1), "3 shares counted": (3, 1)}
     chosen: list[int | None] = []
-    for way, shares in ways.items():
+    owned: list[dict[str, int] | None] = []
+
+    def owners(*args: Any) -> dict[str, int] | None:
+        owned.append(slice_owners(*args))
+        return owned[-1]
+
+    monkeypatch.setattr(keyed_batch, "slice_owners", owners)
+    for way, (shares, driver_rows) in ways.items():
         monkeypatch.setattr(pipeline, "share_count",
                             lambda slots, shares=shares: chosen.append(shares) or shares)
-        run_two_batches(spark, db, path, tmp_path / way.replace(" ", "-"), bounds)
-    assert chosen == [None, None, 2, 2, 3, 3]
+        run_two_batches(spark, db, path, tmp_path / way.replace(" ", "-"), bounds, driver_rows)
+    assert chosen == [None, None, 2, 2, 3, 3, 2, 2, 3, 3]
+    assert owned[:4] == [None] * 4  # not counted: by key hash
+    if churn:
+        assert owned[4:] == [None] * 4
+    else:
+        assert None not in owned[4:6], "2 shares over 4 stable partitions were not whole ones"
+        assert all(sorted(set(o.values())) == list(range(len(set(o.values())))) for o in
+                   owned[4:] if o is not None)
     for name in ("Accounts", "Ledger"):
         source = sorted(db.scan(name), key=lambda r: json.dumps(r, sort_keys=True, default=str))
         assert source
@@ -118,7 +147,7 @@ def test_shares_write_what_the_repartition_writes(spark, tmp_path: Path, monkeyp
             assert table_rows(tmp_path / way.replace(" ", "-"), name) == source, (way, name)
     expected = events(tmp_path / "repartitioned")
     assert len(expected) == len(log_mods(path, tmp_path / "repartitioned" / "checkpoint"))
-    for way in ("2 shares", "3 shares"):
+    for way in list(ways)[1:]:
         assert events(tmp_path / way.replace(" ", "-")) == expected, way
 
 
