@@ -73,11 +73,9 @@ def mods_of_share(pieces: Sequence[ChangeSlice], share: int, shares: int,
     """The batch's mods (the source's rows, as `batch_dicts` gives them) whose key falls in
     `share`, in log order; the other mods' values are not even encoded. With `owners`
     (`slice_owners`), the mods of the slices whose partition the share owns, all of them."""
+    keep = None if shares == 1 or owners is not None else partial(_in_share, share, shares)
     if owners is not None:
-        mine = [piece for piece in pieces if owners[piece.token] == share]
-        rows = (row for piece in mine for row in change_rows(piece, None))
-        return row_dicts(rows, CHANGE_COLUMNS)
-    keep = None if shares == 1 else partial(_in_share, share, shares)
+        pieces = [piece for piece in pieces if owners[piece.token] == share]
     rows = (row for piece in pieces for row in change_rows(piece, keep))
     return row_dicts(rows, CHANGE_COLUMNS)
 
