@@ -16,11 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,6 +28,7 @@ from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.table import CdcTable
 from pgkit import wait_until
+from runkit import start_runner, stop_runner
 
 GOAL_P50, GOAL_P99 = 0.5, 2.0
 POLL_PAUSE = 0.05  # seconds between polls: the resolution is this plus one poll
@@ -143,10 +140,7 @@ def run_probes(folder: Path, catalog: Catalog, options: list[str], args: argpars
                ) -> tuple[Probes, float]:
     """`cdcflow run` with `options` on the prepared catalog, the writer at --rate for
     --seconds, a probe every --every s; the probes, and when the first one showed."""
-    runner = subprocess.Popen(
-        [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-         str(folder / "catalog.db"), *options], start_new_session=True,
-        stdout=open(folder / "runner.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    runner = start_runner(folder, options)
     probes, stop = Probes(folder), threading.Event()
     poller = threading.Thread(target=probes.poll, args=(stop,))
     try:
@@ -169,8 +163,7 @@ def run_probes(folder: Path, catalog: Catalog, options: list[str], args: argpars
                    "every probe in the CDC table and the event files")
     finally:
         stop.set()
-        os.killpg(runner.pid, signal.SIGINT)
-        runner.wait(120)
+        stop_runner(runner)
     if poller.is_alive():
         poller.join()
     return probes, first

@@ -36,6 +36,7 @@ from cdcflow.store.database import Database
 from cdcflow.streams.catalog import Catalog
 from cdcflow.table import CdcTable
 from pgkit import logged_changes, wait_until
+from runkit import start_runner
 
 PARTS = ("total", "driver", "jvm", "workers")
 SEED_ID = 1_000_000
@@ -113,13 +114,6 @@ def slope_per_10_minutes(points: list[tuple[float, float]]) -> float:
     if spread == 0:
         return 0.0
     return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread * 600
-
-
-def start_runner(folder: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-         str(folder / "catalog.db"), "--master", "local[2]"], start_new_session=True,
-        stdout=open(folder / "runner.log", "wb"), stderr=subprocess.STDOUT)
 
 
 def alive(runner: subprocess.Popen[bytes], folder: Path) -> bool:

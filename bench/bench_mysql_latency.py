@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,6 +31,7 @@ from cdcflow.streams.definition import StreamDefinition
 from latencykit import POLL_PAUSE, Seen, logged_at
 from mariakit import DATABASE, PASSWORD_ENV, start_server, sysbench, sysbench_transactions
 from pgkit import wait_until
+from runkit import start_runner, stop_runner
 
 GOAL_P50, GOAL_P99 = 0.5, 2.0
 
@@ -77,15 +75,6 @@ def cuts(delays: list[float]) -> tuple[float, float]:
     return found[49], found[98]
 
 
-def start_runner(folder: Path) -> subprocess.Popen[bytes]:
-    """`cdcflow run` in a session of its own, its output in `folder/runner.log`."""
-    with open(folder / "runner.log", "wb") as output:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-             str(folder / "catalog.db"), "--master", "local[2]"], start_new_session=True,
-            stdout=output, stderr=subprocess.STDOUT)
-
-
 def measure(server: LocalMariaDB, folder: Path, args: argparse.Namespace) -> None:
     catalog = Catalog(folder / "catalog.db")
     define(catalog, server, folder)
@@ -119,8 +108,7 @@ def measure(server: LocalMariaDB, folder: Path, args: argparse.Namespace) -> Non
         raise
     finally:
         stop.set()
-        os.killpg(runner.pid, signal.SIGINT)
-        runner.wait(120)
+        stop_runner(runner)
     report(seen, first, tps, logged_at(folder / "logs" / "latency.db", PROBE),
            catalog.status("latency"), args)
 

@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,6 +28,7 @@ from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from latencykit import POLL_PAUSE, Seen, logged_at
 from pgkit import PASSWORD_ENV, pgbench, start_server, wait_until
+from runkit import start_runner, stop_runner
 
 GOAL_P50, GOAL_P99 = 0.5, 2.0
 
@@ -75,10 +72,7 @@ def percentiles(delays: list[float]) -> str:
 def measure(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
     catalog = Catalog(folder / "catalog.db")
     define(catalog, server, folder)
-    runner = subprocess.Popen(
-        [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-         str(folder / "catalog.db"), "--master", "local[2]"], start_new_session=True,
-        stdout=open(folder / "runner.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    runner = start_runner(folder)
     committed: dict[int, float] = {}
     seen, stop = Seen(folder, committed, "public.probe"), threading.Event()
     poller = threading.Thread(target=seen.poll, args=(stop,))
@@ -103,8 +97,7 @@ def measure(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> No
             raise RuntimeError("the poller died; see the error above")
     finally:
         stop.set()
-        os.killpg(runner.pid, signal.SIGINT)
-        runner.wait(120)
+        stop_runner(runner)
     report(seen, first, logged_at(folder / "logs" / "latency.db", "public.probe"),
            catalog.status("latency"), args)
 

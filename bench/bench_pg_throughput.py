@@ -20,10 +20,6 @@ Usage: python bench/bench_pg_throughput.py [--seconds 60] [--scale 10] [--client
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,6 +38,7 @@ from pgkit import (
     start_server,
     wait_until,
 )
+from runkit import start_runner, stop_runner
 
 NAME = "pgthroughput"
 
@@ -128,10 +125,7 @@ def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
     _, alone_tps = pgbench_run(server, args)
     catalog = Catalog(folder / "catalog.db")
     define(catalog, server, folder)
-    runner = subprocess.Popen(
-        [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-         str(folder / "catalog.db"), "--master", "local[2]"], start_new_session=True,
-        stdout=open(folder / "runner.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    runner = start_runner(folder)
     try:
         wait_until(lambda: catalog.get(NAME).state.value == "RUNNING"
                    and "cdc_start" in catalog.status(NAME), 600, "RUNNING")
@@ -139,8 +133,7 @@ def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
         drained = backlog(server, catalog, args)
         errors = catalog.errors(NAME)
     finally:
-        os.killpg(runner.pid, signal.SIGINT)
-        runner.wait(120)
+        stop_runner(runner)
     report(args, alone_tps * CHANGES_PER_TPCB, sustained, drained, errors)
 
 

@@ -24,10 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +33,7 @@ from cdcflow.store.database import Database
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from pgkit import wait_until
+from runkit import start_runner, stop_runner
 
 GOAL = 50_000
 
@@ -145,10 +142,7 @@ def check_outputs(folder: Path, expected_events: int) -> tuple[int, int]:
 def run(folder: Path, args: argparse.Namespace) -> None:
     catalog = prepare(folder, args.trigger, args.per_trigger)
     database = Database.open(str(folder / "shop.db"), create=False)
-    runner = subprocess.Popen(
-        [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog",
-         str(folder / "catalog.db"), "--master", "local[2]"], start_new_session=True,
-        stdout=open(folder / "runner.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    runner = start_runner(folder)
     try:
         warm_ups = [drain(catalog, database, args, round_ * args.backlog)
                     for round_ in range(args.warm_up_drains)]
@@ -157,8 +151,7 @@ def run(folder: Path, args: argparse.Namespace) -> None:
         outputs = check_outputs(folder, (args.warm_up_drains + 1) * args.backlog)
         status = catalog.status("throughput")
     finally:
-        os.killpg(runner.pid, signal.SIGINT)
-        runner.wait(120)
+        stop_runner(runner)
     report(args, warm_ups, drained, samples, writer_rate, outputs, status)
 
 
