@@ -194,15 +194,27 @@ def test_an_event_uuid_is_the_standard_uuid5_of_its_position(stream: str, positi
     assert change_uuid(stream, *position) == str(uuid.uuid5(events_module._NAMESPACE, name))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.datetimes(timezones=st.just(UTC)))
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)),
+                                                timezone(timedelta(hours=-8))])))
 def test_remembered_timestamp_texts_equal_fresh_ones(when: datetime):
-    """Event times and folders are formatted once per distinct time (lru_cache): the texts
-    are those of formatting anew."""
+    """Event times and folders are formatted once per distinct time (lru_cache), and their
+    minutes once per minute: the texts are those of formatting anew, in any zone."""
     fresh = when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + \
         f"{when.microsecond // 1000:03d}Z"
     assert events_module._millis_text(when) == fresh
     assert files_module._minute_folder(when) == when.strftime("%Y/%m/%d/%H/%M")
+
+
+def test_one_instant_in_two_zones_is_two_minute_folders():
+    """The folder is the minute in the time's own zone, also when the same instant was
+    formatted before in another zone (equal datetimes, one remembered text each)."""
+    utc = datetime(2026, 11, 27, 10, 0, 30, tzinfo=UTC)
+    india = utc.astimezone(timezone(timedelta(hours=5, minutes=30)))
+    assert files_module._minute_folder(utc) == "2026/11/27/10/00"
+    assert files_module._minute_folder(india) == "2026/11/27/15/30"
+    assert events_module._millis_text(india) == events_module._millis_text(utc) == \
+        "2026-11-27T10:00:30.000Z"
 
 
 PAYLOAD_TYPES = [ColumnType("INT64"), ColumnType("STRING"), ColumnType("BOOL"),

@@ -21,7 +21,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -172,10 +172,16 @@ class EventFileWriter:
         return buffer.getvalue()
 
 
-@functools.lru_cache(maxsize=4096)
 def _minute_folder(when: datetime) -> str:
-    """The folder of an event's minute (the events of a transaction share their time)."""
-    return when.strftime("%Y/%m/%d/%H/%M")
+    """The folder of an event's minute, in its own zone; `strftime` runs once a minute, not
+    once a transaction. The minute is remembered by its wall-clock fields (no zone): equal
+    instants in two zones are two folders."""
+    return _folder_of_minute(when.year, when.month, when.day, when.hour, when.minute)
+
+
+@functools.lru_cache(maxsize=256)
+def _folder_of_minute(year: int, month: int, day: int, hour: int, minute: int) -> str:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC).strftime("%Y/%m/%d/%H/%M")
 
 
 def json_line(event: Event) -> bytes:

@@ -92,8 +92,16 @@ _BACKFILL_DEFAULTS: dict[str, Any] = {"log_position": 0, "versions_seen": None}
 @lru_cache(maxsize=4096)
 def _millis_text(when: datetime) -> str:
     """Every event of a batch shares its read time, and those of a transaction their source
-    time: each is formatted once."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    time: each is formatted once, and `strftime` runs once a minute (its date and time up to
+    the minute), not once a transaction."""
+    utc = when.astimezone(UTC)
+    prefix = _minute_prefix(utc.year, utc.month, utc.day, utc.hour, utc.minute)
+    return f"{prefix}{utc.second:02d}.{when.microsecond // 1000:03d}Z"
+
+
+@lru_cache(maxsize=256)
+def _minute_prefix(year: int, month: int, day: int, hour: int, minute: int) -> str:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC).strftime("%Y-%m-%dT%H:%M:")
 
 
 def _int_text(value: Any) -> Any:
