@@ -1,8 +1,9 @@
 """Sustained throughput from PostgreSQL into CDC tables and event files together, against the
 rate pgbench commits (issue 11, goal 2: the full rate pgbench can commit, lag bounded).
 
-All in one run, on a throwaway server (synchronous_commit off, scale --scale, pgbench -c
---clients -j 2, 4 changes a transaction: 3 UPDATEs and an INSERT):
+All in one run, on a throwaway server (synchronous_commit off unless --synchronous-commit on,
+PostgreSQL's default; scale --scale, pgbench -c --clients -j 2, 4 changes a transaction: 3
+UPDATEs and an INSERT):
   1. pgbench alone for --seconds, no slot: its changes/s is the baseline;
   2. `cdcflow run` (local[2]) streams pgbench's tables into CDC tables and JSON event files
      while pgbench runs again for --seconds on the same two cores (at --rate transactions/s
@@ -15,6 +16,8 @@ All in one run, on a throwaway server (synchronous_commit off, scale --scale, pg
      the drain rate (capture and Spark together) is set against pgbench alone (1).
 Usage: python bench/bench_pg_throughput.py [--seconds 60] [--scale 10] [--clients 4]
                                            [--sample 5] [--rate 0]
+                                           [--synchronous-commit off|on]
+                                           [--max-records 25000]
 """
 
 from __future__ import annotations
@@ -43,14 +46,14 @@ from runkit import start_runner, stop_runner
 NAME = "pgthroughput"
 
 
-def define(catalog: Catalog, server: LocalPostgres, folder: Path) -> None:
+def define(catalog: Catalog, server: LocalPostgres, folder: Path, max_records: int) -> None:
     catalog.create(StreamDefinition.parse({
         "name": NAME, "backfill": "none", "include": ["public.pgbench_*"],
         "source": {"kind": "postgres", "dsn": server.dsn(), "password_env": PASSWORD_ENV},
         "destinations": [{"kind": "cdc_table", "warehouse": str(folder / "warehouse")},
                          {"kind": "event_files", "root": str(folder / "events"),
                           "format": "json"}],
-        "spark": {"trigger_seconds": 0.5, "max_records_per_trigger": 25_000}}))
+        "spark": {"trigger_seconds": 0.5, "max_records_per_trigger": max_records}}))
     catalog.act(NAME, "start")
 
 
@@ -124,7 +127,7 @@ def backlog(server: LocalPostgres, catalog: Catalog, args: argparse.Namespace
 def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
     _, alone_tps = pgbench_run(server, args)
     catalog = Catalog(folder / "catalog.db")
-    define(catalog, server, folder)
+    define(catalog, server, folder, args.max_records)
     runner = start_runner(folder)
     try:
         wait_until(lambda: catalog.get(NAME).state.value == "RUNNING"
@@ -144,7 +147,8 @@ def report(args: argparse.Namespace, alone: float,
     lags = [lag for _, lag in samples]
     bounded = lags[-1] < with_stream and catch_up < 10
     print(f"PostgreSQL -> CDC tables and JSON event files, pgbench -c {args.clients} -T "
-          f"{args.seconds}, scale {args.scale}, synchronous_commit off, local[2]")
+          f"{args.seconds}, scale {args.scale}, synchronous_commit {args.synchronous_commit}, "
+          "local[2]")
     print(f"  pgbench alone (the baseline)   : {alone:,.0f} changes/s")
     asked = f" (asked {args.rate * CHANGES_PER_TPCB:,}/s)" if args.rate else ""
     print(f"  pgbench with the stream beside : {with_stream:,.0f} changes/s{asked}")
@@ -169,8 +173,13 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=0,
                         help="pgbench's transactions/s beside the stream (-R); 0: as fast as "
                              "it can")
+    parser.add_argument("--max-records", type=int, default=25_000,
+                        help="the stream's spark.max_records_per_trigger")
+    parser.add_argument("--synchronous-commit", choices=("off", "on"), default="off",
+                        help="the server's synchronous_commit: off lets pgbench commit "
+                             "fastest; on is PostgreSQL's default (a flush per commit)")
     args = parser.parse_args()
-    server = start_server(synchronous_commit=False)
+    server = start_server(synchronous_commit=args.synchronous_commit == "on")
     try:
         pgbench(server, "-i", "-q", "-s", str(args.scale))
         server.sql("shop", "VACUUM ANALYZE")
