@@ -1,9 +1,10 @@
 """Sustained throughput from PostgreSQL into CDC tables and event files together, against the
 rate pgbench commits (issue 11, goal 2: the full rate pgbench can commit, lag bounded).
 
-All in one run, on a throwaway server (synchronous_commit off unless --synchronous-commit on,
-PostgreSQL's default; scale --scale, pgbench -c --clients -j 2, 4 changes a transaction: 3
-UPDATEs and an INSERT):
+All in one run, on a throwaway server (with --durability fast, the default: fsync,
+full_page_writes and synchronous_commit off, pgbench's fastest; with --durability default:
+all three on, as PostgreSQL ships; scale --scale, pgbench -c --clients -j 2, 4 changes a
+transaction: 3 UPDATEs and an INSERT):
   1. pgbench alone for --seconds, no slot: its changes/s is the baseline;
   2. `cdcflow run` (local[2]) streams pgbench's tables into CDC tables and JSON event files
      while pgbench runs again for --seconds on the same two cores (at --rate transactions/s
@@ -18,7 +19,7 @@ UPDATEs and an INSERT):
      the drain rate (capture and Spark together) is set against pgbench alone (1).
 Usage: python bench/bench_pg_throughput.py [--seconds 60] [--scale 10] [--clients 4]
                                            [--sample 5] [--rate 0]
-                                           [--synchronous-commit off|on]
+                                           [--durability fast|default]
                                            [--max-records 25000]
 """
 
@@ -149,8 +150,7 @@ def report(args: argparse.Namespace, alone: float,
     lags = [lag for _, lag in samples]
     bounded = catch_up < 10 and lags[-1] <= args.max_records + with_stream
     print(f"PostgreSQL -> CDC tables and JSON event files, pgbench -c {args.clients} -T "
-          f"{args.seconds}, scale {args.scale}, synchronous_commit {args.synchronous_commit}, "
-          "local[2]")
+          f"{args.seconds}, scale {args.scale}, durability {args.durability}, local[2]")
     print(f"  pgbench alone (the baseline)   : {alone:,.0f} changes/s")
     asked = f" (asked {args.rate * CHANGES_PER_TPCB:,}/s)" if args.rate else ""
     print(f"  pgbench with the stream beside : {with_stream:,.0f} changes/s{asked}")
@@ -179,11 +179,12 @@ def main() -> None:
                              "it can")
     parser.add_argument("--max-records", type=int, default=25_000,
                         help="the stream's spark.max_records_per_trigger")
-    parser.add_argument("--synchronous-commit", choices=("off", "on"), default="off",
-                        help="the server's synchronous_commit: off lets pgbench commit "
-                             "fastest; on is PostgreSQL's default (a flush per commit)")
+    parser.add_argument("--durability", choices=("fast", "default"), default="fast",
+                        help="fast: fsync, full_page_writes and synchronous_commit off; "
+                             "default: PostgreSQL's (a WAL flush per commit)")
     args = parser.parse_args()
-    server = start_server(synchronous_commit=args.synchronous_commit == "on")
+    default = args.durability == "default"
+    server = start_server(synchronous_commit=default, durable=default)
     try:
         pgbench(server, "-i", "-q", "-s", str(args.scale))
         server.sql("shop", "VACUUM ANALYZE")

@@ -23,12 +23,18 @@ CHANGES_PER_TPCB = 4
 """pgbench's default script writes 3 UPDATEs and 1 INSERT per transaction."""
 
 
-def start_server(synchronous_commit: bool = True) -> LocalPostgres:
+def start_server(synchronous_commit: bool = True, durable: bool = False) -> LocalPostgres:
+    """A throwaway server. It starts with fsync and full_page_writes off (cdcflow.localdb);
+    `durable` turns them on, so that with `synchronous_commit` every commit is flushed, as
+    under PostgreSQL's defaults."""
     server = LocalPostgres.start()
     os.environ[PASSWORD_ENV] = server.password
-    if not synchronous_commit:
-        server.sql("postgres", "ALTER SYSTEM SET synchronous_commit = off")
-        server.sql("postgres", "SELECT pg_reload_conf()")
+    settings = {"synchronous_commit": "on" if synchronous_commit else "off"}
+    if durable:
+        settings |= {"fsync": "on", "full_page_writes": "on"}
+    for name, value in settings.items():  # fixed names and values, no user text
+        server.sql("postgres", f"ALTER SYSTEM SET {name} = {value}")
+    server.sql("postgres", "SELECT pg_reload_conf()")
     return server
 
 
