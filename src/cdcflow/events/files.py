@@ -12,7 +12,6 @@ of one file span at most `max_seconds` of source time; the minute folders rotate
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import itertools
@@ -21,7 +20,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import orjson
 from cdcflow.errors import DataLoss, InvalidArgument
 from cdcflow.events.avro_format import write_avro
 from cdcflow.model.events import Event
+from cdcflow.model.timestamps import minute_text
 
 FORMATS = ("json", "avro")
 
@@ -176,12 +176,8 @@ def _minute_folder(when: datetime) -> str:
     """The folder of an event's minute, in its own zone; `strftime` runs once a minute, not
     once a transaction. The minute is remembered by its wall-clock fields (no zone): equal
     instants in two zones are two folders."""
-    return _folder_of_minute(when.year, when.month, when.day, when.hour, when.minute)
-
-
-@functools.lru_cache(maxsize=256)
-def _folder_of_minute(year: int, month: int, day: int, hour: int, minute: int) -> str:
-    return datetime(year, month, day, hour, minute, tzinfo=UTC).strftime("%Y/%m/%d/%H/%M")
+    return minute_text("%Y/%m/%d/%H/%M", when.year, when.month, when.day, when.hour,
+                       when.minute)
 
 
 def json_line(event: Event) -> bytes:

@@ -35,7 +35,7 @@ from cdcflow.model.source import (
     kind_of,
     object_parts,
 )
-from cdcflow.model.timestamps import to_micros
+from cdcflow.model.timestamps import minute_text, to_micros
 from cdcflow.model.types import encode_value
 
 EMBEDDED_CDC: Final = EMBEDDED.cdc_method
@@ -95,13 +95,8 @@ def _millis_text(when: datetime) -> str:
     time: each is formatted once, and `strftime` runs once a minute (its date and time up to
     the minute), not once a transaction."""
     utc = when.astimezone(UTC)
-    prefix = _minute_prefix(utc.year, utc.month, utc.day, utc.hour, utc.minute)
+    prefix = minute_text("%Y-%m-%dT%H:%M:", utc.year, utc.month, utc.day, utc.hour, utc.minute)
     return f"{prefix}{utc.second:02d}.{when.microsecond // 1000:03d}Z"
-
-
-@lru_cache(maxsize=256)
-def _minute_prefix(year: int, month: int, day: int, hour: int, minute: int) -> str:
-    return datetime(year, month, day, hour, minute, tzinfo=UTC).strftime("%Y-%m-%dT%H:%M:")
 
 
 def _int_text(value: Any) -> Any:

@@ -27,6 +27,13 @@ def from_micros(micros: int) -> datetime:
     return _EPOCH + timedelta(microseconds=micros)
 
 
+@functools.lru_cache(maxsize=512)
+def minute_text(pattern: str, year: int, month: int, day: int, hour: int, minute: int) -> str:
+    """`strftime(pattern)` of a minute given by its fields (a pattern of fields up to the
+    minute): remembered, so that times of one minute are formatted once."""
+    return datetime(year, month, day, hour, minute, tzinfo=UTC).strftime(pattern)
+
+
 def format_rfc3339(ts: datetime | int) -> str:
     """`2022-09-27T12:30:00.123456Z`: microseconds always present, UTC as `Z`."""
     if isinstance(ts, int):
