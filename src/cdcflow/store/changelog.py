@@ -26,7 +26,7 @@ from cdcflow.model.records import ChangeRecord
 from cdcflow.model.schema import ChangeStreamDef
 from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, to_micros
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import log, partition_map, retention
+from cdcflow.store import journal, log, partition_map, retention
 from cdcflow.store.catalog import next_commit_micros
 from cdcflow.store.checkpoint import BackgroundCheckpoints
 from cdcflow.store.ddl import StreamScope
@@ -196,6 +196,7 @@ class ChangeLog(LogWriter, ShardApi):
             catalog = session.refresh()
             if name in catalog.streams:
                 return catalog.streams[name]
+            journal.settle(session, catalog)  # earlier commits render without the new stream
             options = (("retention_period", retention_period),
                        ("value_capture_type", "NEW_ROW"))
             created = catalog_ops.create_stream(
@@ -209,20 +210,25 @@ class ChangeLog(LogWriter, ShardApi):
     def current_timestamp(self) -> datetime:
         """The safe time: every commit at or before it is visible now, none will come later."""
         session = self._session()
+        journal.settle_pending(session)
         with read_transaction(session.conn):
             meta = read_meta(session.conn)
-        return from_micros(max(int(meta["last_commit_micros"]), int(meta["closed_micros"])))
+            safe = max(int(meta["last_commit_micros"]), int(meta["closed_micros"]))
+            return from_micros(journal.readable_micros(session.conn, safe))
 
     def _publish_closed(self, micros: int) -> int:
         """Promise that no commit will have a timestamp <= `micros`; return the safe time."""
         session = self._session()
+        journal.settle_pending(session)
         with read_transaction(session.conn):
             meta = read_meta(session.conn)
-        safe = max(int(meta["last_commit_micros"]), int(meta["closed_micros"]))
+            safe = journal.readable_micros(session.conn, max(int(meta["last_commit_micros"]),
+                                                             int(meta["closed_micros"])))
         if safe >= micros:
             return safe
         with write_transaction(session.conn):
-            meta = read_meta(session.conn)
+            journal.settle(session, session.refresh())
+            meta = session.meta
             closed = max(int(meta["closed_micros"]), micros)
             write_meta(session.conn, {"closed_micros": closed})
             return max(closed, int(meta["last_commit_micros"]))
@@ -315,17 +321,19 @@ class ChangeLog(LogWriter, ShardApi):
         """(commit micros, mods) of the first `limit` data records of a partition with
         after < commit_timestamp <= until, in commit order: for admission control."""
         session = self._session()
+        journal.settle_pending(session, to_micros(until))
         with read_transaction(session.conn):
-            return log.mod_counts(session.conn, stream, token, to_micros(after),
-                                  to_micros(until), limit)
+            bound = journal.readable_micros(session.conn, to_micros(until))
+            return log.mod_counts(session.conn, stream, token, to_micros(after), bound, limit)
 
     def log_mod_total(self, stream: str, token: str, after: datetime, until: datetime
                       ) -> int:
         """The mods of a partition's data records with after < commit_timestamp <= until."""
         session = self._session()
+        journal.settle_pending(session, to_micros(until))
         with read_transaction(session.conn):
-            return log.mod_total(session.conn, stream, token, to_micros(after),
-                                 to_micros(until))
+            bound = journal.readable_micros(session.conn, to_micros(until))
+            return log.mod_total(session.conn, stream, token, to_micros(after), bound)
 
     def log_admission_counts(
         self, stream: str, tokens: list[str], after: datetime, until: datetime, max_mods: int
@@ -333,9 +341,11 @@ class ChangeLog(LogWriter, ShardApi):
         """A bound and the mods per commit up to it, for a batch of about `max_mods` mods
         over partitions `tokens` (see `log.admission_counts`), in one snapshot."""
         session = self._session()
+        journal.settle_pending(session, to_micros(until))
         with read_transaction(session.conn):
+            bound = journal.readable_micros(session.conn, to_micros(until))
             return log.admission_counts(session.conn, stream, tokens, to_micros(after),
-                                        to_micros(until), max_mods)
+                                        bound, max_mods)
 
     # ---- partitions ---------------------------------------------------------------------
 
@@ -353,7 +363,8 @@ class ChangeLog(LogWriter, ShardApi):
         """Split an active partition at hash position `at` (default: its midpoint)."""
         session = self._session()
         with write_transaction(session.conn):
-            session.refresh().stream(stream)
+            journal.settle(session, session.refresh())
+            session.catalog.stream(stream)
             micros = next_commit_micros(session.conn, self._now_micros())
             return partition_map.split(session.conn, stream, token, at, micros)
 
@@ -361,7 +372,8 @@ class ChangeLog(LogWriter, ShardApi):
         """Merge two adjacent active partitions into one child."""
         session = self._session()
         with write_transaction(session.conn):
-            session.refresh().stream(stream)
+            journal.settle(session, session.refresh())
+            session.catalog.stream(stream)
             micros = next_commit_micros(session.conn, self._now_micros())
             return partition_map.merge(session.conn, stream, list(tokens), micros)
 
@@ -382,6 +394,7 @@ class ChangeLog(LogWriter, ShardApi):
         session = self._session()
         with write_transaction(session.conn):
             catalog = session.refresh()
+            journal.settle(session, catalog)
             now = self._now_micros()
             return {
                 "change_records": retention.expire_change_records(session.conn, catalog, now),

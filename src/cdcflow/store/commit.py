@@ -1,5 +1,7 @@
-"""Commit: apply buffered mutations and append their change records in ONE SQLite
-transaction (CS-1). Either the data and its records both exist, or neither does.
+"""Commit: apply buffered mutations and write their change records in ONE SQLite
+transaction (CS-1). Either the data and its records both exist, or neither does. A native
+commit's records are written as its journal row (`cdcflow.store.journal`), rendered into the
+log before anything reads or reshapes it.
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from cdcflow.model.partitions import PartitionPolicy
+from cdcflow.model.partitions import PartitionMetadata, PartitionPolicy
 from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import format_rfc3339, from_micros
 from cdcflow.model.types import COMMIT_TIMESTAMP
-from cdcflow.store import log, partition_map, retention
+from cdcflow.store import journal, log, partition_map, retention
 from cdcflow.store.capture import LogEntry, RowChange, encode_record
 from cdcflow.store.catalog import (
     Catalog,
@@ -22,7 +24,6 @@ from cdcflow.store.catalog import (
     next_commit_micros,
 )
 from cdcflow.store.mutations import Mutation, apply_mutation, table_shape, validate_mutation
-from cdcflow.store.native_entries import native_entries
 from cdcflow.store.rows import VersionRow, latest_versions, version_row, write_versions
 from cdcflow.store.session import Session
 from cdcflow.store.sqlite import write_meta, write_transaction
@@ -37,15 +38,14 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
         catalog = session.refresh()
         micros, transaction_id = allocate_commit(session, now_micros)
         changes = _net_changes(session, catalog, mutations, micros)
-        _write_versions(session, catalog, changes, micros)
+        after_texts = _write_versions(session, catalog, changes, micros)
         if catalog.indexes:
             maintain_indexes(session.conn, catalog, ((c.schema, c.encoded_key, c.after)
                                                      for c in changes))
-        streams = {s.name: s for c in changes for s in catalog.streams_watching(c.schema.name)}
-        entries = native_entries(changes, list(streams.values()), session.ranges_of, micros,
-                                 transaction_id)
-        append_rows(session, catalog, (log.DataRow(e.stream, e.token, micros, e.sequence,
-                                                   e.mods, e.body) for e in entries), micros)
+        streams = {s.name for c in changes for s in catalog.streams_watching(c.schema.name)}
+        if streams:
+            journal.write_entry(session.conn, micros, transaction_id, changes, after_texts)
+            _after_append(session, catalog, streams, micros)
     return micros
 
 
@@ -62,14 +62,18 @@ def allocate_commit(session: Session, now_micros: int) -> tuple[int, str]:
 
 
 def _write_versions(session: Session, catalog: Catalog, changes: list[RowChange],
-                    micros: int) -> None:
-    """A version per changed row, one bulk insert per table."""
+                    micros: int) -> list[str | None]:
+    """A version per changed row, one bulk insert per table; return each change's stored
+    row text (None: deleted), in order."""
     by_storage: dict[str, list[VersionRow]] = {}
+    texts: list[str | None] = []
     for change in changes:
-        by_storage.setdefault(catalog.storage(change.schema.name), []).append(
-            version_row(change.encoded_key, micros, change.key_hash, change.after))
+        version = version_row(change.encoded_key, micros, change.key_hash, change.after)
+        by_storage.setdefault(catalog.storage(change.schema.name), []).append(version)
+        texts.append(version[4])
     for storage, rows in by_storage.items():
         write_versions(session.conn, storage, rows)
+    return texts
 
 
 def next_transaction_id(session: Session) -> str:
@@ -116,6 +120,12 @@ def _after_append(session: Session, catalog: Catalog, streams: set[str], micros:
     for name in streams:
         apply_policy(session, name, policy, micros)
     if micros - int(session.meta["gc_micros"]) >= GC_INTERVAL_MICROS:
+        oldest = journal.first_pending(session.conn)
+        if oldest is not None and (any(oldest < micros - s.retention_micros
+                                       for s in catalog.streams.values())
+                                   or journal.holds_more_than(session.conn,
+                                                              journal.SETTLE_BACKLOG)):
+            journal.settle(session, catalog)  # retention would meet it, or no reader came
         retention.expire_change_records(session.conn, catalog, micros)
         retention.expire_row_versions(session.conn, catalog, micros)
         write_meta(session.conn, {"gc_micros": micros})
@@ -197,8 +207,7 @@ def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros:
     if micros - int(checked) < interval:
         return
     session.policy_checked[stream] = micros
-    log.refresh_record_counts(conn, stream)
-    active = partition_map.active_partitions(conn, stream)
+    active = _counted_partitions(session, stream, policy, micros)
     changed = False
     for candidate in partition_map.split_candidates(active, policy):
         partition_map.split(conn, stream, candidate.token, None, next_commit_micros(conn, micros))
@@ -213,4 +222,25 @@ def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros:
     if changed:
         session.ranges.pop(stream, None)
 
+
+def _counted_partitions(session: Session, stream: str, policy: PartitionPolicy, micros: int
+                        ) -> list[PartitionMetadata]:
+    """The stream's active partitions with their record counts. The journal's commits are
+    counted once it is settled, which happens here when the policy might split or merge
+    with them counted (a partition map changes only over a settled journal), or once the
+    journal holds over `journal.SETTLE_BACKLOG` commits (when no reader settles it)."""
+    conn = session.conn
+    log.refresh_record_counts(conn, stream)
+    active = partition_map.active_partitions(conn, stream)
+    if journal.first_pending(conn) is None:
+        return active
+    largest = max((p.record_count for p in active), default=0)
+    might_split = largest + journal.pending_changes(conn) >= policy.split_records
+    might_merge = partition_map.merge_candidate(active, policy, micros) is not None
+    if not (might_split or might_merge
+            or journal.holds_more_than(conn, journal.SETTLE_BACKLOG)):
+        return active
+    journal.settle(session, session.catalog)
+    log.refresh_record_counts(conn, stream)
+    return partition_map.active_partitions(conn, stream)
 

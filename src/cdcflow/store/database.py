@@ -17,7 +17,7 @@ from cdcflow.errors import InvalidArgument, OutOfRange
 from cdcflow.model.schema import TableSchema, key_hash
 from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, to_micros
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import indexes, partitioned, retention, rows
+from cdcflow.store import indexes, journal, partitioned, retention, rows
 from cdcflow.store.changelog import ChangeLog
 from cdcflow.store.commit import commit_mutations
 from cdcflow.store.ddl import parse_ddl, statement_texts
@@ -39,6 +39,7 @@ class Database(ChangeLog):
             session = self._session()
             with write_transaction(session.conn):
                 catalog = session.refresh()
+                journal.settle(session, catalog)  # its commits render with the old catalog
                 catalog_ops.apply_statement(
                     session.conn,
                     catalog,

@@ -1,12 +1,14 @@
 """The log tables and every SQL statement on them (the DAO of the change log).
 
-Four tables make the log: `_partitions` (each change-stream partition: key range, time span,
+Five tables make the log: `_partitions` (each change-stream partition: key range, time span,
 lineage), `_log` (records per partition: data records, and the child-partitions record that
 ends a partition), `_positions` (per external source, the position after the last
-transaction appended) and `_objects` (the tables external sources appended, with their
-column types). No other module touches them. Every function runs inside the caller's
-SQLite transaction: a write function inside a write transaction, so the records of one
-commit, its partition changes and the source position land together or not at all.
+transaction appended), `_objects` (the tables external sources appended, with their column
+types) and `_journal` (native commits whose records are not rendered yet; only
+`cdcflow.store.journal` reads and writes it). No other module touches them. Every function
+runs inside the caller's SQLite transaction: a write function inside a write transaction, so
+the records of one commit, its partition changes and the source position land together or
+not at all.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from typing import Any, Final, NamedTuple
 
 LOG_DATA: Final = 0
 LOG_CHILD: Final = 1
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 """1: the first release; 2: source blocks on records, `_positions`, `_objects` (the tables
 appended sources wrote, with their column types) and `_partitions.expired_upto` (the newest
-commit that retention removed from a partition)."""
+commit that retention removed from a partition); 3: `_journal`, native commits' changes not
+yet rendered into records (`cdcflow.store.journal`: a reader of format 2 would miss them)."""
 
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS _partitions ("
@@ -38,6 +41,9 @@ _TABLES = (
     "appended_micros INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS _objects ("
     "name TEXT PRIMARY KEY, column_types TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS _journal ("
+    "micros INTEGER PRIMARY KEY, txn TEXT NOT NULL, size INTEGER NOT NULL, "
+    "changes TEXT NOT NULL)",
 )
 _PARTITION_COLUMNS = (
     "token, range_start, range_end, start_micros, end_micros, parents, children, records"

@@ -28,7 +28,7 @@ from cdcflow.model.records import (
 from cdcflow.model.schema import ChangeStreamDef
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.model.types import check_text
-from cdcflow.store import log, partition_map
+from cdcflow.store import journal, log, partition_map
 from cdcflow.store.session import Session
 from cdcflow.store.sqlite import read_meta, read_transaction
 
@@ -180,9 +180,11 @@ def _poll(
     or the query's end if earlier), the next records up to it, and the partition's end (None
     when the partition is gone)."""
     assert args.token is not None
+    journal.settle_pending(session)
     with read_transaction(session.conn):
         meta = read_meta(session.conn)
-        safe = max(int(meta["last_commit_micros"]), int(meta["closed_micros"]))
+        safe = journal.readable_micros(session.conn, max(int(meta["last_commit_micros"]),
+                                                         int(meta["closed_micros"])))
         bound = safe if args.end_micros is None else min(safe, args.end_micros)
         rows = log.records_after(session.conn, args.stream.name, args.token, position, bound,
                                  _BATCH)
@@ -209,9 +211,11 @@ def scan_log(
     themselves; the caller checks retention. `kind` is LOG_DATA or LOG_CHILD.
     """
     position = log.after_micros(after_micros)
+    journal.settle_pending(session, until_micros)
     while True:
         with read_transaction(session.conn):
-            rows = log.records_after(session.conn, stream, token, position, until_micros,
+            bound = journal.read_bound(session.conn, until_micros)
+            rows = log.records_after(session.conn, stream, token, position, bound,
                                      _BATCH * 5)
         for micros, seq, kind, body in rows:
             position = (micros, seq)

@@ -22,7 +22,7 @@ from cdcflow.model.schema import MAX_RETENTION_MICROS, MIN_RETENTION_MICROS
 from cdcflow.model.timestamps import MAX_MICROS, MIN_MICROS, format_rfc3339, from_micros, to_micros
 from cdcflow.model.types import check_text, is_valid_text
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import log, partition_map
+from cdcflow.store import journal, log, partition_map
 from cdcflow.store.ddl import StreamScope
 from cdcflow.store.session import Session
 from cdcflow.store.sqlite import read_transaction, write_transaction
@@ -171,6 +171,7 @@ class ShardApi(ABC):
         session = self._session()
         with write_transaction(session.conn):
             catalog = session.refresh()
+            journal.settle(session, catalog)  # earlier commits render with the old streams
             external = _require_table(session, catalog, table)
             current = session.conn.execute(
                 "SELECT stream_id, change_stream FROM _shard_streams "
@@ -291,6 +292,7 @@ class ShardApi(ABC):
             raise InvalidArgument(f"limit {show(limit)} must be an integer in 1..{_MAX_LIMIT}")
         stream_id, shard_id, (micros, seq, mod) = _decode_iterator(iterator)
         session = self._session()
+        journal.settle_pending(session)
         with read_transaction(session.conn):
             _, change_stream, _, expiration = self._stream_row(session, stream_id)
             shard = partition_map.get_partition(session.conn, change_stream, shard_id)
@@ -303,7 +305,7 @@ class ShardApi(ABC):
                     "again"
                 )
             rows = log.records_after(session.conn, change_stream, shard_id, (micros, seq - 1),
-                                     None, limit + 1)
+                                     journal.read_bound(session.conn, None), limit + 1)
         records, following = self._page(stream_id, shard_id, (micros, seq, mod), rows, limit)
         if following is not None and shard.state == FINISHED and len(rows) <= limit \
                 and len(records) < limit:

@@ -315,7 +315,7 @@ def test_a_file_of_the_first_release_opens_and_takes_appends(tmp_path: Path):
     assert db.position("pg") is not None
     (version,) = sqlite3.connect(path).execute(
         "SELECT value FROM _meta WHERE key = 'log_format'").fetchone()
-    assert version == 2
+    assert version == 3  # the journal of native commits (cdcflow.store.journal)
 
 
 def test_a_newer_format_is_refused_and_a_foreign_file_is_not_touched(tmp_path: Path):
