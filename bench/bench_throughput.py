@@ -5,7 +5,9 @@ Two measurements in one run:
 - drain: once the stream runs, it is paused, --backlog changes are committed (transactions
   of --rows upserts over --keys keys) and the stream is resumed; the figure is changes/s from
   the first batch after the resume to the last change applied, read from the stream's own
-  status (`rows_processed`; rows applied before the pause took effect are not counted);
+  status (`rows_processed`; rows applied before the pause took effect are not counted).
+  The rate from the resume is printed too: before its first batch, a reader settles the
+  backlog's journal (renders its commits' records: `cdcflow.store.journal`);
 - sustained: a writer process commits at --rate changes/s for --seconds while the stream
   runs; the lag (changes written but not yet applied) is sampled every --sample seconds.
   Bounded means the last sample's lag is under one second of input.
@@ -170,6 +172,9 @@ def report(args: argparse.Namespace, warm_ups: list[tuple[int, float, float, flo
     print(f"  drain  : {rate:,.0f} changes/s ({changes:,} changes in {seconds:.1f} s after the "
           f"first batch, which came {startup:.1f} s after the resume); ratio to the goal "
           f"{GOAL:,}/s: {rate / GOAL:.2f}")
+    whole = args.backlog / (startup + seconds)
+    print(f"  drain from the resume, the first batch's planning (and the journal's settling) "
+          f"included: {whole:,.0f} changes/s; ratio to the goal: {whole / GOAL:.2f}")
     if samples:
         lags = [lag for _, lag in samples]
         bounded = lags[-1] < args.rate
