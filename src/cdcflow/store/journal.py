@@ -47,22 +47,24 @@ SETTLE_BATCH = 500
 def write_entry(conn: sqlite3.Connection, micros: int, transaction_id: str,
                 changes: list[RowChange], after_texts: list[str | None]) -> None:
     """The journal row of a commit: its changes, each row after given as its stored text."""
-    entry = [[c.schema.name, c.encoded_key, c.key_hash, c.before,
-              None if text is None else orjson.Fragment(text), sorted(c.written)]
-             for c, text in zip(changes, after_texts, strict=True)]
     conn.execute("INSERT INTO _journal(micros, txn, size, changes) VALUES (?, ?, ?, ?)",
-                 (micros, transaction_id, len(entry), _encode(entry)))
+                 (micros, transaction_id, len(changes), _encode(changes, after_texts)))
 
 
-def _encode(entry: list[list[Any]]) -> str:
-    """orjson's text; or, for an integer beyond 64 bits (as `cdcflow.store.rows.encode_row`
-    writes one), the standard encoder's after a space, which tells `_decode` to read it
-    with the standard decoder (orjson would read it as an inexact float)."""
+def _encode(changes: list[RowChange], after_texts: list[str | None]) -> str:
+    """orjson's text, the rows after as stored; or, should orjson refuse a value (an
+    integer beyond 64 bits), the standard encoder's after a space, which tells `_decode` to
+    read it with the standard decoder (orjson would read such an integer as a float)."""
     try:
-        return orjson.dumps(entry).decode()
+        return orjson.dumps([
+            [c.schema.name, c.encoded_key, c.key_hash, c.before,
+             None if text is None else orjson.Fragment(text), sorted(c.written)]
+            for c, text in zip(changes, after_texts, strict=True)]).decode()
     except orjson.JSONEncodeError:
-        return " " + json.dumps([[t, k, h, b, None if a is None else json.loads(str(a)), w]
-                                 for t, k, h, b, a, w in entry])
+        return " " + json.dumps([
+            [c.schema.name, c.encoded_key, c.key_hash, c.before,
+             None if text is None else json.loads(text), sorted(c.written)]
+            for c, text in zip(changes, after_texts, strict=True)])
 
 
 def first_pending(conn: sqlite3.Connection) -> int | None:

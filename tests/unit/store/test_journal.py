@@ -120,11 +120,13 @@ def test_an_integer_beyond_64_bits_in_a_row_is_journaled_exactly(tmp_path: Path)
     conn = sqlite3.connect(":memory:")
     log.create_tables(conn)
     before = {"Id": 1, "V": None, "J": 2**70}
-    change = RowChange(db.table_schema("T"), "[1]", 7, before, None, {"V"})
-    journal.write_entry(conn, 10, "1", [change], [None])
+    after = {"Id": 1, "V": 3, "J": -(2**80)}
+    change = RowChange(db.table_schema("T"), "[1]", 7, before, after, {"V"})
+    journal.write_entry(conn, 10, "1", [change], [json.dumps(after)])
     (text,) = conn.execute("SELECT changes FROM _journal").fetchone()
-    assert json.loads(text) == [["T", "[1]", 7, before, None, ["V"]]]
-    assert journal._decode(text)[0][3]["J"] == 2**70  # exact, not orjson's float
+    assert json.loads(text) == [["T", "[1]", 7, before, after, ["V"]]]
+    decoded = journal._decode(text)[0]
+    assert (decoded[3]["J"], decoded[4]["J"]) == (2**70, -(2**80))  # exact, not floats
 
 
 def test_a_writer_settles_a_journal_no_reader_settles(tmp_path: Path, monkeypatch):
