@@ -22,7 +22,6 @@ of every stream's record bodies and their index entries (bench/bench_commit.py).
 
 from __future__ import annotations
 
-import itertools
 import json
 import sqlite3
 from typing import Any
@@ -40,8 +39,9 @@ from cdcflow.store.sqlite import write_transaction
 SETTLE_BACKLOG = 10_000
 """A writer's policy check settles the journal once it holds more commits than this, so a
 file no reader settles keeps a bounded journal (and a settle of bounded length)."""
-SETTLE_BATCH = 500
-"""Journal rows rendered per statement while settling (bounds the memory of a settle)."""
+SETTLE_CHANGES = 2_000
+"""Row changes a reader settles per write transaction (about 10 ms of rendering): writers
+wait for one such batch at a time, not for a whole journal."""
 
 
 def write_entry(conn: sqlite3.Connection, micros: int, transaction_id: str,
@@ -103,33 +103,37 @@ def read_bound(conn: sqlite3.Connection, until: int | None) -> int | None:
 
 def settle_pending(session: Session, up_to: int | None = None) -> None:
     """Before a read up to commit micros `up_to` (None: everything): settle the journal's
-    commits up to there, `SETTLE_BATCH` commits a write transaction (writers wait for one
-    batch at a time, not for the whole journal)."""
+    commits up to there, about `SETTLE_CHANGES` changes a write transaction."""
     while True:
         pending = first_pending(session.conn)
         if pending is None or (up_to is not None and pending > up_to):
             return
         with write_transaction(session.conn):
-            settle(session, session.refresh(), batches=1)
+            settle(session, session.refresh(), SETTLE_CHANGES)
 
 
-def settle(session: Session, catalog: Catalog, batches: int | None = None) -> int:
-    """Render the journal's rows into the log, oldest first, `SETTLE_BATCH` at a time: all
-    of them, or the first `batches` batches; inside the caller's write transaction. Return
-    how many commits were settled."""
+def settle(session: Session, catalog: Catalog, max_changes: int | None = None) -> int:
+    """Render journal rows into the log, oldest first, and remove them: all of them, or the
+    oldest that hold `max_changes` changes or more (one row at least); inside the caller's
+    write transaction. Return how many commits were settled."""
     conn = session.conn
-    settled = 0
-    for _ in itertools.count() if batches is None else range(batches):
-        rows = conn.execute("SELECT micros, txn, changes FROM _journal ORDER BY micros LIMIT ?",
-                            (SETTLE_BATCH,)).fetchall()
-        if not rows:
-            return settled
-        renderer = _Renderer(session, catalog)
-        log.insert_data_records(conn, (record for micros, transaction_id, text in rows
-                                       for record in renderer.records(int(micros),
-                                                                      transaction_id, text)))
-        conn.execute("DELETE FROM _journal WHERE micros <= ?", (rows[-1][0],))
-        settled += len(rows)
+    renderer = _Renderer(session, catalog)
+    records: list[log.DataRow] = []
+    settled = changes = 0
+    last: int | None = None
+    cursor = conn.execute("SELECT micros, txn, size, changes FROM _journal ORDER BY micros")
+    for micros, transaction_id, size, text in cursor:
+        records.extend(renderer.records(int(micros), transaction_id, text))
+        settled, changes, last = settled + 1, changes + int(size), int(micros)
+        if len(records) >= SETTLE_CHANGES:  # bounded memory for a settle of everything
+            log.insert_data_records(conn, records)
+            records = []
+        if max_changes is not None and changes >= max_changes:
+            break
+    cursor.close()
+    log.insert_data_records(conn, records)
+    if last is not None:
+        conn.execute("DELETE FROM _journal WHERE micros <= ?", (last,))
     return settled
 
 
