@@ -42,7 +42,8 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
         if catalog.indexes:
             maintain_indexes(session.conn, catalog, ((c.schema, c.encoded_key, c.after)
                                                      for c in changes))
-        streams = {s.name for c in changes for s in catalog.streams_watching(c.schema.name)}
+        streams = {s.name for table in {c.schema.name for c in changes}
+                   for s in catalog.streams_watching(table)}
         if streams:
             journal.write_entry(session.conn, micros, transaction_id, changes, after_texts)
             _after_append(session, catalog, streams, micros)

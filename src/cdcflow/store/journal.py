@@ -58,12 +58,12 @@ def _encode(changes: list[RowChange], after_texts: list[str | None]) -> str:
     try:
         return orjson.dumps([
             [c.schema.name, c.encoded_key, c.key_hash, c.before,
-             None if text is None else orjson.Fragment(text), sorted(c.written)]
+             None if text is None else orjson.Fragment(text), list(c.written)]
             for c, text in zip(changes, after_texts, strict=True)]).decode()
     except orjson.JSONEncodeError:
         return " " + json.dumps([
             [c.schema.name, c.encoded_key, c.key_hash, c.before,
-             None if text is None else json.loads(text), sorted(c.written)]
+             None if text is None else json.loads(text), list(c.written)]
             for c, text in zip(changes, after_texts, strict=True)])
 
 
