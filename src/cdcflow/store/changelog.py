@@ -10,8 +10,10 @@ segment files, a networked store) can serve executors on other machines later.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from datetime import datetime
@@ -212,18 +214,14 @@ class ChangeLog(LogWriter, ShardApi):
         session = self._session()
         journal.settle_pending(session)
         with read_transaction(session.conn):
-            meta = read_meta(session.conn)
-            safe = max(int(meta["last_commit_micros"]), int(meta["closed_micros"]))
-            return from_micros(journal.readable_micros(session.conn, safe))
+            return from_micros(journal.safe_micros(session.conn))
 
     def _publish_closed(self, micros: int) -> int:
         """Promise that no commit will have a timestamp <= `micros`; return the safe time."""
         session = self._session()
         journal.settle_pending(session)
         with read_transaction(session.conn):
-            meta = read_meta(session.conn)
-            safe = journal.readable_micros(session.conn, max(int(meta["last_commit_micros"]),
-                                                             int(meta["closed_micros"])))
+            safe = journal.safe_micros(session.conn)
         if safe >= micros:
             return safe
         with write_transaction(session.conn):
@@ -315,37 +313,37 @@ class ChangeLog(LogWriter, ShardApi):
         now = self._now_micros()
         return from_micros(max(definition.created_micros, now - definition.retention_micros))
 
+    @contextlib.contextmanager
+    def _reading_up_to(self, until: datetime) -> Iterator[tuple[sqlite3.Connection, int]]:
+        """A read snapshot for records up to `until`, the journal settled that far first:
+        its connection, and the bound cut before any commit still in the journal."""
+        session = self._session()
+        journal.settle_pending(session, to_micros(until))
+        with read_transaction(session.conn):
+            yield session.conn, journal.readable_micros(session.conn, to_micros(until))
+
     def log_mod_counts(
         self, stream: str, token: str, after: datetime, until: datetime, limit: int
     ) -> list[tuple[int, int]]:
         """(commit micros, mods) of the first `limit` data records of a partition with
         after < commit_timestamp <= until, in commit order: for admission control."""
-        session = self._session()
-        journal.settle_pending(session, to_micros(until))
-        with read_transaction(session.conn):
-            bound = journal.readable_micros(session.conn, to_micros(until))
-            return log.mod_counts(session.conn, stream, token, to_micros(after), bound, limit)
+        with self._reading_up_to(until) as (conn, bound):
+            return log.mod_counts(conn, stream, token, to_micros(after), bound, limit)
 
     def log_mod_total(self, stream: str, token: str, after: datetime, until: datetime
                       ) -> int:
         """The mods of a partition's data records with after < commit_timestamp <= until."""
-        session = self._session()
-        journal.settle_pending(session, to_micros(until))
-        with read_transaction(session.conn):
-            bound = journal.readable_micros(session.conn, to_micros(until))
-            return log.mod_total(session.conn, stream, token, to_micros(after), bound)
+        with self._reading_up_to(until) as (conn, bound):
+            return log.mod_total(conn, stream, token, to_micros(after), bound)
 
     def log_admission_counts(
         self, stream: str, tokens: list[str], after: datetime, until: datetime, max_mods: int
     ) -> tuple[int, list[tuple[int, int]]]:
         """A bound and the mods per commit up to it, for a batch of about `max_mods` mods
         over partitions `tokens` (see `log.admission_counts`), in one snapshot."""
-        session = self._session()
-        journal.settle_pending(session, to_micros(until))
-        with read_transaction(session.conn):
-            bound = journal.readable_micros(session.conn, to_micros(until))
-            return log.admission_counts(session.conn, stream, tokens, to_micros(after),
-                                        bound, max_mods)
+        with self._reading_up_to(until) as (conn, bound):
+            return log.admission_counts(conn, stream, tokens, to_micros(after), bound,
+                                        max_mods)
 
     # ---- partitions ---------------------------------------------------------------------
 

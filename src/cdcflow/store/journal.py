@@ -34,7 +34,7 @@ from cdcflow.store.capture import RowChange
 from cdcflow.store.catalog import Catalog
 from cdcflow.store.native_entries import native_entries
 from cdcflow.store.session import Session
-from cdcflow.store.sqlite import write_transaction
+from cdcflow.store.sqlite import read_meta, write_transaction
 
 SETTLE_BACKLOG = 10_000
 """A writer's policy check settles the journal once it holds more commits than this, so a
@@ -84,6 +84,15 @@ def pending_changes(conn: sqlite3.Connection) -> int:
     (total,) = conn.execute("SELECT COALESCE(SUM(size), 0) FROM (SELECT size FROM _journal "
                             "ORDER BY micros LIMIT ?)", (SETTLE_BACKLOG,)).fetchone()
     return int(total)
+
+
+def safe_micros(conn: sqlite3.Connection) -> int:
+    """The safe time of this snapshot: every commit at or before it is readable now and none
+    will come later. The last commit or published closed time, cut before the oldest
+    unsettled commit."""
+    meta = read_meta(conn)
+    return readable_micros(conn, max(int(meta["last_commit_micros"]),
+                                     int(meta["closed_micros"])))
 
 
 def readable_micros(conn: sqlite3.Connection, safe: int) -> int:

@@ -30,7 +30,7 @@ from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
 from cdcflow.model.types import check_text
 from cdcflow.store import journal, log, partition_map
 from cdcflow.store.session import Session
-from cdcflow.store.sqlite import read_meta, read_transaction
+from cdcflow.store.sqlite import read_transaction
 
 MIN_HEARTBEAT_MS = 1_000
 MAX_HEARTBEAT_MS = 300_000
@@ -182,9 +182,7 @@ def _poll(
     assert args.token is not None
     journal.settle_pending(session)
     with read_transaction(session.conn):
-        meta = read_meta(session.conn)
-        safe = journal.readable_micros(session.conn, max(int(meta["last_commit_micros"]),
-                                                         int(meta["closed_micros"])))
+        safe = journal.safe_micros(session.conn)
         bound = safe if args.end_micros is None else min(safe, args.end_micros)
         rows = log.records_after(session.conn, args.stream.name, args.token, position, bound,
                                  _BATCH)
