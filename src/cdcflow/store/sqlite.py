@@ -43,12 +43,36 @@ _DEFAULT_META = {
 
 
 def connect(path: str) -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit), WAL journal, 60 s busy wait."""
-    conn = sqlite3.connect(path, timeout=60.0, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
+    """A connection in autocommit mode (transactions are explicit), WAL journal, 60 s busy
+    wait. A file this process may not open for writing is FailedPrecondition naming it."""
+    try:
+        conn = sqlite3.connect(path, timeout=60.0, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.OperationalError as error:
+        raise _not_writable(path, error) from None
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=60000")
     return conn
+
+
+_NOT_WRITABLE = ("unable to open database file", "readonly database")
+
+
+def _not_writable(path: str, error: sqlite3.OperationalError) -> Exception:
+    """SQLite's refusal to open or write a file, as FailedPrecondition naming the file and
+    the rule; any other error as it is."""
+    if not any(text in str(error) for text in _NOT_WRITABLE):
+        return error
+    return FailedPrecondition(
+        f"cannot open {path!r} for reading and writing ({error}): cdcflow keeps its files in "
+        "SQLite's WAL mode, where even a reader writes the shared-memory file beside the "
+        "file, and renders committed changes into change records before it reads them; "
+        "give this process write access to the file and its folder")
+
+
+def _file_of(conn: sqlite3.Connection) -> str:
+    return str(conn.execute("PRAGMA database_list").fetchone()[2])
 
 
 def initialise(conn: sqlite3.Connection) -> None:
@@ -82,8 +106,12 @@ def check_format(meta: dict[str, Any]) -> None:
 
 @contextmanager
 def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """Hold the database write lock; commit on success, roll back on any exception."""
-    conn.execute("BEGIN IMMEDIATE")
+    """Hold the database write lock; commit on success, roll back on any exception. A file
+    this connection may not write is FailedPrecondition naming it, and nothing is written."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as error:
+        raise _not_writable(_file_of(conn), error) from None
     try:
         yield conn
     except BaseException:
