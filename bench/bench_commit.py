@@ -8,12 +8,9 @@ so the bench also times that reader's settle of the whole run and prints the com
 settling together against the stream off. The raw baseline uses the same file settings
 as cdcflow (WAL, synchronous=NORMAL) and one transaction per 5 upserts.
 `--floor` replays, in plain Python `sqlite3` on a file laid out as cdcflow lays out its own,
-the statements a commit issues (meta, the versions lookup, the version inserts, the log
-insert), with every value made beforehand: what SQLite alone costs, the WAL frames (pages)
-each commit writes, and so the best on/sqlite3 ratio this storage layout allows. It also
-replays a layout cdcflow does not have, for comparison: the versions plus one small row per
-commit in an append-only journal (table, key and written columns of each change; no meta
-write, no log row), from which a reader would build the records later.
+the statements a commit issues (meta, the versions lookup, the version inserts, the journal
+row), with every value made beforehand: what SQLite alone costs, the WAL frames (pages)
+each commit writes, and so the best on/sqlite3 ratio this storage layout allows.
 Usage: python bench/bench_commit.py [--transactions 4000] [--rows 5] [--profile | --floor]
 """
 
@@ -94,10 +91,8 @@ def run_sqlite(folder: Path, transactions: int, rows: int) -> float:
     return transactions * rows / elapsed
 
 
-FLOOR_PARTS = (("meta",), ("versions",), ("log",), ("meta", "versions"),
-               ("meta", "versions", "log"), ("versions", "journal"))
-LOG_BODY = "x" * 1_341
-"""A record body of the size a 5-upsert commit of this bench writes."""
+FLOOR_PARTS = (("meta",), ("versions",), ("journal",), ("meta", "versions"),
+               ("meta", "versions", "journal"))
 
 
 def replay_floor(folder: Path, parts: tuple[str, ...], transactions: int, rows: int,
@@ -110,8 +105,6 @@ def replay_floor(folder: Path, parts: tuple[str, ...], transactions: int, rows: 
     initialise(conn)
     with write_transaction(conn):
         create_row_storage(conn, "_rows_1")
-        conn.execute("CREATE TABLE _journal (micros INTEGER PRIMARY KEY, txn INTEGER NOT NULL, "
-                     "entry TEXT NOT NULL)")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     if not checkpoints:
         conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -142,14 +135,11 @@ def replay_commit(conn: sqlite3.Connection, parts: tuple[str, ...], t: int, rows
             [(k, micros, hash(k) & (2**63 - 1), 0, orjson.dumps(row(t * rows + r)).decode())
              for r, k in enumerate(keys)])
     if "journal" in parts:
-        entry = orjson.dumps([["Orders", f"[{(t * rows + r) % KEYS}]", ["Customer", "Amount",
-                                                                       "Note"]]
-                              for r in range(rows)]).decode()
-        conn.execute("INSERT INTO _journal(micros, txn, entry) VALUES (?, ?, ?)",
-                     (micros, t, entry))
-    if "log" in parts:
-        conn.execute("INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
-                     "VALUES ('S', 'P1', ?, 0, 0, ?, ?)", (micros, rows, LOG_BODY))
+        entry = orjson.dumps([["Orders", f"[{(t * rows + r) % KEYS}]", 1234567890123,
+                               row(t * rows + r - KEYS), row(t * rows + r),
+                               ["Customer", "Amount", "Note"]] for r in range(rows)]).decode()
+        conn.execute("INSERT INTO _journal(micros, txn, size, changes) VALUES (?, ?, ?, ?)",
+                     (micros, str(t), rows, entry))
 
 
 def print_floor(folder: Path, transactions: int, rows: int) -> None:
@@ -163,9 +153,6 @@ def print_floor(folder: Path, transactions: int, rows: int) -> None:
         if len(parts) == 3:
             print(f"  best on/sqlite3 this layout allows, with no Python at all: "
                   f"{rows / raw * 1e6 / micros:.2f} (aim >= 0.30)")
-        if "journal" in parts:
-            print(f"  best on/sqlite3 with a journal instead (not cdcflow's layout): "
-                  f"{rows / raw * 1e6 / micros:.2f}")
 
 
 def main() -> None:

@@ -16,9 +16,12 @@ transaction: 3 UPDATEs and an INSERT):
      in flight when the pipeline keeps up: one batch (--max-records) and a second of
      pgbench's input. A lag that grows for --seconds ends above that;
   3. a backlog: the stream is paused, pgbench runs alone for --seconds, the stream resumes;
-     the drain rate (capture and Spark together) is set against pgbench alone (1).
+     the drain rate (capture and Spark together) is set against pgbench alone (1). Every
+     --sample seconds of the drain its rate is printed, with the last batch's times and the
+     capture's lag behind PostgreSQL: a lag that grows means the capture sets the pace.
+--backlog-only skips 2.
 Usage: python bench/bench_pg_throughput.py [--seconds 60] [--scale 10] [--clients 4]
-                                           [--sample 5] [--rate 0]
+                                           [--sample 5] [--rate 0] [--backlog-only]
                                            [--durability fast|default]
                                            [--max-records 25000]
 """
@@ -30,6 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 
@@ -108,9 +112,10 @@ def beside(server: LocalPostgres, catalog: Catalog, args: argparse.Namespace
 
 
 def backlog(server: LocalPostgres, catalog: Catalog, args: argparse.Namespace
-            ) -> tuple[int, float, float]:
+            ) -> tuple[int, float, float, list[str]]:
     """Pause (capture and query stop), pgbench alone, resume: (changes drained after the
-    first batch, seconds from that batch to the last, seconds from resume to that batch)."""
+    first batch, seconds from that batch to the last, seconds from resume to that batch,
+    the drain's rate and last batch every --sample seconds)."""
     catalog.act(NAME, "pause")
     wait_until(lambda: catalog.get(NAME).state.value == "PAUSED", 300, "PAUSED")
     base_rows = processed(catalog)
@@ -122,9 +127,27 @@ def backlog(server: LocalPostgres, catalog: Catalog, args: argparse.Namespace
     first = wait_until(lambda: max(processed(catalog) - resumed_at, 0), 600,
                        "the first batch after the resume") + resumed_at - base_rows
     first_at = time.monotonic()
-    wait_until(lambda: processed(catalog) - base_rows >= expected, 1800,
-               f"{expected:,} backlog changes processed")
-    return expected - first, time.monotonic() - first_at, first_at - began
+    trend, last = [], (first_at, first)
+    while (done := processed(catalog) - base_rows) < expected:
+        now = time.monotonic()
+        if now - first_at > 1800:
+            raise TimeoutError(f"{expected:,} backlog changes not processed within 1800 s")
+        if now - last[0] >= args.sample:
+            trend.append(f"{now - first_at:.0f} s: {(done - last[1]) / (now - last[0]):,.0f}"
+                         f"/s, {batch_summary(catalog.status(NAME))}")
+            last = (now, done)
+        time.sleep(0.02)  # polling for the end, as wait_until does
+    return expected - first, time.monotonic() - first_at, first_at - began, trend
+
+
+def batch_summary(status: dict[str, Any]) -> str:
+    """The last batch: cdcflow's write time and Spark's addBatch; the capture's lag behind
+    the source (seconds from a commit in PostgreSQL to its capture)."""
+    timing = status.get("batch_timing") or {}
+    spark = timing.get("spark_ms") or {}
+    capture = status.get("capture") or {}
+    return (f"last batch write {timing.get('write_ms', '?')} ms, addBatch "
+            f"{spark.get('addBatch', '?')} ms; capture lag {capture.get('lag_seconds', '?')} s")
 
 
 def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
@@ -135,7 +158,7 @@ def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
     try:
         wait_until(lambda: catalog.get(NAME).state.value == "RUNNING"
                    and "cdc_start" in catalog.status(NAME), 600, "RUNNING")
-        sustained = beside(server, catalog, args)
+        sustained = beside(server, catalog, args) if not args.backlog_only else None
         drained = backlog(server, catalog, args)
         errors = catalog.errors(NAME)
     finally:
@@ -144,14 +167,27 @@ def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
 
 
 def report(args: argparse.Namespace, alone: float,
-           sustained: tuple[float, list[tuple[float, int]], float, float],
-           drained: tuple[int, float, float], errors: list) -> None:
-    with_stream, samples, pipeline, catch_up = sustained
-    lags = [lag for _, lag in samples]
-    bounded = catch_up < 10 and lags[-1] <= args.max_records + with_stream
+           sustained: tuple[float, list[tuple[float, int]], float, float] | None,
+           drained: tuple[int, float, float, list[str]], errors: list) -> None:
     print(f"PostgreSQL -> CDC tables and JSON event files, pgbench -c {args.clients} -T "
           f"{args.seconds}, scale {args.scale}, durability {args.durability}, local[2]")
     print(f"  pgbench alone (the baseline)   : {alone:,.0f} changes/s")
+    if sustained is not None:
+        report_beside(args, sustained)
+    changes, seconds, startup, trend = drained
+    print(f"  backlog drained at {changes / seconds:,.0f} changes/s ({changes:,} changes after "
+          f"the first batch, which came {startup:.1f} s after the resume); ratio to pgbench "
+          f"alone {changes / seconds / alone:.2f}")
+    print("  the drain every --sample seconds:" + "".join(f"\n    {line}" for line in trend))
+    kinds = sorted({str(error.get("message", error))[:80] for error in errors})
+    print(f"  stream errors: {len(errors)}" + "".join(f"\n    {kind}" for kind in kinds))
+
+
+def report_beside(args: argparse.Namespace,
+                  sustained: tuple[float, list[tuple[float, int]], float, float]) -> None:
+    with_stream, samples, pipeline, catch_up = sustained
+    lags = [lag for _, lag in samples]
+    bounded = catch_up < 10 and lags[-1] <= args.max_records + with_stream
     asked = f" (asked {args.rate * CHANGES_PER_TPCB:,}/s)" if args.rate else ""
     print(f"  pgbench with the stream beside : {with_stream:,.0f} changes/s{asked}")
     print(f"  pipeline over that run         : {pipeline:,.0f} changes/s (with the catch-up of "
@@ -160,12 +196,6 @@ def report(args: argparse.Namespace, alone: float,
           f"{'bounded' if bounded else 'NOT bounded'}")
     print("  lag samples (s: thousands of changes): " + ", ".join(
         f"{at:.0f}: {lag / 1000:.0f}" for at, lag in samples))
-    changes, seconds, startup = drained
-    print(f"  backlog drained at {changes / seconds:,.0f} changes/s ({changes:,} changes after "
-          f"the first batch, which came {startup:.1f} s after the resume); ratio to pgbench "
-          f"alone {changes / seconds / alone:.2f}")
-    kinds = sorted({str(error.get("message", error))[:80] for error in errors})
-    print(f"  stream errors: {len(errors)}" + "".join(f"\n    {kind}" for kind in kinds))
 
 
 def main() -> None:
@@ -179,6 +209,9 @@ def main() -> None:
                              "it can")
     parser.add_argument("--max-records", type=int, default=25_000,
                         help="the stream's spark.max_records_per_trigger")
+    parser.add_argument("--backlog-only", action="store_true",
+                        help="skip pgbench beside the running stream: the baseline, then the "
+                             "backlog and its drain")
     parser.add_argument("--durability", choices=("fast", "default"), default="fast",
                         help="fast: fsync, full_page_writes and synchronous_commit off; "
                              "default: PostgreSQL's (a WAL flush per commit)")

@@ -110,9 +110,9 @@ def drain(catalog: Catalog, database: Database, args: argparse.Namespace,
 
 
 def sustain(folder: Path, catalog: Catalog, args: argparse.Namespace
-            ) -> tuple[list[tuple[float, int]], float]:
-    """Lag samples (seconds since start, changes behind) while a writer runs at --rate; and
-    the writer's achieved rate."""
+            ) -> tuple[list[tuple[float, int, str]], float]:
+    """Lag samples (seconds since start, changes behind, the last batch's size and times)
+    while a writer runs at --rate; and the writer's achieved rate."""
     written = multiprocessing.get_context("spawn").Value("q", 0)
     base = processed(catalog)
     writer = multiprocessing.get_context("spawn").Process(
@@ -123,9 +123,19 @@ def sustain(folder: Path, catalog: Catalog, args: argparse.Namespace
     samples = []
     while writer.is_alive():
         time.sleep(args.sample)  # the sampling interval, not a wait for another process
-        samples.append((time.monotonic() - began, written.value - (processed(catalog) - base)))
+        samples.append((time.monotonic() - began, written.value - (processed(catalog) - base),
+                        batch_summary(catalog.status("throughput"))))
     writer.join()
     return samples, written.value / (time.monotonic() - began)
+
+
+def batch_summary(status: dict[str, Any]) -> str:
+    """The last batch: cdcflow's write time and its rate, Spark's addBatch and trigger."""
+    timing = status.get("batch_timing") or {}
+    spark = timing.get("spark_ms") or {}
+    rate = float(status.get("throughput_rows_per_second") or 0)
+    return (f"write {timing.get('write_ms', '?')} ms at {rate:,.0f}/s, addBatch "
+            f"{spark.get('addBatch', '?')} ms, trigger {spark.get('triggerExecution', '?')} ms")
 
 
 def check_outputs(folder: Path, expected_events: int) -> tuple[int, int]:
@@ -158,7 +168,8 @@ def run(folder: Path, args: argparse.Namespace) -> None:
 
 
 def report(args: argparse.Namespace, warm_ups: list[tuple[int, float, float, float]],
-           drained: tuple[int, float, float, float], samples: list[tuple[float, int]],
+           drained: tuple[int, float, float, float],
+           samples: list[tuple[float, int, str]],
            writer_rate: float, outputs: tuple[int, int], status: dict[str, Any]) -> None:
     changes, seconds, startup, backlog_rate = drained
     rate = changes / seconds
@@ -176,7 +187,9 @@ def report(args: argparse.Namespace, warm_ups: list[tuple[int, float, float, flo
     print(f"  drain from the resume, the first batch's planning (and the journal's settling) "
           f"included: {whole:,.0f} changes/s; ratio to the goal: {whole / GOAL:.2f}")
     if samples:
-        lags = [lag for _, lag in samples]
+        for at, lag, batch in samples:
+            print(f"    at {at:5.0f} s: lag {lag:,}; last batch {batch}")
+        lags = [lag for _, lag, _ in samples]
         bounded = lags[-1] < args.rate
         print(f"  sustained: writer asked {args.rate:,.0f}/s for {args.seconds:.0f} s, "
               f"achieved {writer_rate:,.0f}/s; lag first {lags[0]:,}, max {max(lags):,}, "
