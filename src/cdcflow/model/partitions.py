@@ -41,7 +41,8 @@ FULL_RANGE: Final = KeyRange(0, KEY_HASH_SPACE)
 class PartitionMetadata:
     """A partition: token, key range, time span, lineage and state (ACTIVE or FINISHED).
 
-    `record_count` is the number of data records it held at the last policy check."""
+    `record_count` is the number of records it holds: its data records, and its
+    child-partitions record once it has ended (kept as records are written and expire)."""
 
     token: str
     key_range: KeyRange

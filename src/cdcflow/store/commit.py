@@ -226,12 +226,12 @@ def apply_policy(session: Session, stream: str, policy: PartitionPolicy, micros:
 
 def _counted_partitions(session: Session, stream: str, policy: PartitionPolicy, micros: int
                         ) -> list[PartitionMetadata]:
-    """The stream's active partitions with their record counts. The journal's commits are
-    counted once it is settled, which happens here when the policy might split or merge
-    with them counted (a partition map changes only over a settled journal), or once the
-    journal holds over `journal.SETTLE_BACKLOG` commits (when no reader settles it)."""
+    """The stream's active partitions with their record counts (kept by every insert and
+    expiry: `log.count_records`). The journal's commits are counted once it is settled,
+    which happens here when the policy might split or merge with them counted (a partition
+    map changes only over a settled journal), or once the journal holds over
+    `journal.SETTLE_BACKLOG` commits (when no reader settles it)."""
     conn = session.conn
-    log.refresh_record_counts(conn, stream)
     active = partition_map.active_partitions(conn, stream)
     if journal.first_pending(conn) is None:
         return active
@@ -242,6 +242,5 @@ def _counted_partitions(session: Session, stream: str, policy: PartitionPolicy, 
             or journal.holds_more_than(conn, journal.SETTLE_BACKLOG)):
         return active
     journal.settle(session, session.catalog)
-    log.refresh_record_counts(conn, stream)
     return partition_map.active_partitions(conn, stream)
 

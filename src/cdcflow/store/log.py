@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Final, NamedTuple
 
 LOG_DATA: Final = 0
@@ -129,17 +129,24 @@ def partition(conn: sqlite3.Connection, stream: str, token: str) -> PartitionRow
     return row
 
 
-def refresh_record_counts(conn: sqlite3.Connection, stream: str) -> None:
-    """Count the retained records of every active partition (for the policy). The count
-    reads only the primary-key index: filtering on `kind` read every row, a cost that grew
-    with the log (an active partition holds data records, and at most its own
-    child-partitions record besides)."""
+def count_records(conn: sqlite3.Connection) -> None:
+    """Count every partition's records once: a file whose counts this cdcflow does not keep
+    yet (written before it kept them). From then on every insert and every expiry keeps
+    `_partitions.records` equal to the partition's rows in `_log` (data records, and the
+    child-partitions record of an ended one), in the same write transaction, so the
+    partition policy reads the counts instead of counting: a count per check grew with the
+    log (it read every record of every active partition, each second, once a stream had
+    `max_partitions` partitions and so never split again)."""
     conn.execute(
         "UPDATE _partitions SET records = (SELECT COUNT(*) FROM _log AS l WHERE "
-        "l.stream = _partitions.stream AND l.token = _partitions.token) "
-        "WHERE stream = ? AND end_micros IS NULL",
-        (stream,),
-    )
+        "l.stream = _partitions.stream AND l.token = _partitions.token)")
+
+
+def _add_records(conn: sqlite3.Connection, counts: dict[tuple[str, str], int]) -> None:
+    """Records written (or, negative, removed) per (stream, token)."""
+    conn.executemany(
+        "UPDATE _partitions SET records = records + ? WHERE stream = ? AND token = ?",
+        [(count, stream, token) for (stream, token), count in counts.items()])
 
 
 # ---- records --------------------------------------------------------------------------------
@@ -158,12 +165,19 @@ class DataRow(NamedTuple):
 
 
 def insert_data_records(conn: sqlite3.Connection, rows: Iterable[DataRow]) -> None:
+    """Insert data records (streamed) and add them to their partitions' counts."""
+    counts: dict[tuple[str, str], int] = {}
+
+    def counted() -> Iterator[tuple[Any, ...]]:
+        for stream, token, micros, sequence, mods, body in rows:
+            key = (stream, token)
+            counts[key] = counts.get(key, 0) + 1
+            yield stream, token, micros, sequence, LOG_DATA, mods, body
+
     conn.executemany(
         "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        ((stream, token, micros, sequence, LOG_DATA, mods, body)
-         for stream, token, micros, sequence, mods, body in rows),
-    )
+        "VALUES (?, ?, ?, ?, ?, ?, ?)", counted())
+    _add_records(conn, counts)
 
 
 def insert_child_record(
@@ -175,6 +189,7 @@ def insert_child_record(
         "VALUES (?, ?, ?, 0, ?, 0, ?)",
         (stream, parent, at, LOG_CHILD, body),
     )
+    _add_records(conn, {(stream, parent): 1})
 
 
 def records_after(
@@ -283,13 +298,15 @@ def expire_records(conn: sqlite3.Connection, stream: str, cutoff: int) -> int:
             "AND commit_micros < ?", (stream, token, cutoff)).fetchone()
         if newest is None:
             continue
-        removed += conn.execute(
+        gone = conn.execute(
             "DELETE FROM _log WHERE stream = ? AND token = ? AND commit_micros < ?",
             (stream, token, cutoff),
         ).rowcount
+        removed += gone
         conn.execute(
-            "UPDATE _partitions SET expired_upto = MAX(COALESCE(expired_upto, ?), ?) "
-            "WHERE stream = ? AND token = ?", (newest, newest, stream, token))
+            "UPDATE _partitions SET expired_upto = MAX(COALESCE(expired_upto, ?), ?), "
+            "records = records - ? WHERE stream = ? AND token = ?",
+            (newest, newest, gone, stream, token))
     return removed
 
 

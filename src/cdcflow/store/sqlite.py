@@ -86,8 +86,11 @@ def initialise(conn: sqlite3.Connection) -> None:
         conn.executemany(
             "INSERT OR IGNORE INTO _meta(key, value) VALUES (?, ?)", _DEFAULT_META.items()
         )
-        check_format(read_meta(conn))
-        write_meta(conn, {"log_format": log.FORMAT_VERSION})
+        meta = read_meta(conn)
+        check_format(meta)
+        if meta.get("record_counts") != "kept":
+            log.count_records(conn)
+        write_meta(conn, {"log_format": log.FORMAT_VERSION, "record_counts": "kept"})
 
 
 def file_format(meta: dict[str, Any]) -> int:
