@@ -305,7 +305,7 @@ def expire_records(conn: sqlite3.Connection, stream: str, cutoff: int) -> int:
         removed += gone
         conn.execute(
             "UPDATE _partitions SET expired_upto = MAX(COALESCE(expired_upto, ?), ?), "
-            "records = records - ? WHERE stream = ? AND token = ?",
+            "records = MAX(records - ?, 0) WHERE stream = ? AND token = ?",
             (newest, newest, gone, stream, token))
     return removed
 
