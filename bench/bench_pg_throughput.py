@@ -48,7 +48,7 @@ from pgkit import (
     start_server,
     wait_until,
 )
-from runkit import start_runner, stop_runner
+from runkit import batch_times, start_runner, stop_runner
 
 NAME = "pgthroughput"
 
@@ -141,13 +141,10 @@ def backlog(server: LocalPostgres, catalog: Catalog, args: argparse.Namespace
 
 
 def batch_summary(status: dict[str, Any]) -> str:
-    """The last batch: cdcflow's write time and Spark's addBatch; the capture's lag behind
-    the source (seconds from a commit in PostgreSQL to its capture)."""
-    timing = status.get("batch_timing") or {}
-    spark = timing.get("spark_ms") or {}
+    """The last batch's times, and the capture's lag behind the source (seconds from a
+    commit in PostgreSQL to its capture)."""
     capture = status.get("capture") or {}
-    return (f"last batch write {timing.get('write_ms', '?')} ms, addBatch "
-            f"{spark.get('addBatch', '?')} ms; capture lag {capture.get('lag_seconds', '?')} s")
+    return f"last batch {batch_times(status)}; capture lag {capture.get('lag_seconds', '?')} s"
 
 
 def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:

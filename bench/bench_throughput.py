@@ -35,7 +35,7 @@ from cdcflow.store.database import Database
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from pgkit import wait_until
-from runkit import start_runner, stop_runner
+from runkit import batch_times, start_runner, stop_runner
 
 GOAL = 50_000
 
@@ -124,18 +124,9 @@ def sustain(folder: Path, catalog: Catalog, args: argparse.Namespace
     while writer.is_alive():
         time.sleep(args.sample)  # the sampling interval, not a wait for another process
         samples.append((time.monotonic() - began, written.value - (processed(catalog) - base),
-                        batch_summary(catalog.status("throughput"))))
+                        batch_times(catalog.status("throughput"))))
     writer.join()
     return samples, written.value / (time.monotonic() - began)
-
-
-def batch_summary(status: dict[str, Any]) -> str:
-    """The last batch: cdcflow's write time and its rate, Spark's addBatch and trigger."""
-    timing = status.get("batch_timing") or {}
-    spark = timing.get("spark_ms") or {}
-    rate = float(status.get("throughput_rows_per_second") or 0)
-    return (f"write {timing.get('write_ms', '?')} ms at {rate:,.0f}/s, addBatch "
-            f"{spark.get('addBatch', '?')} ms, trigger {spark.get('triggerExecution', '?')} ms")
 
 
 def check_outputs(folder: Path, expected_events: int) -> tuple[int, int]:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 LOCAL_MASTER = ("--master", "local[2]")
 
@@ -27,3 +28,13 @@ def stop_runner(runner: subprocess.Popen[bytes]) -> None:
     """Ctrl-C to the runner's session, then wait for it to exit."""
     os.killpg(runner.pid, signal.SIGINT)
     runner.wait(120)
+
+
+def batch_times(status: dict[str, Any]) -> str:
+    """A stream's last batch, from its status: cdcflow's write time and rate, Spark's
+    addBatch and whole trigger."""
+    timing = status.get("batch_timing") or {}
+    spark = timing.get("spark_ms") or {}
+    rate = float(status.get("throughput_rows_per_second") or 0)
+    return (f"write {timing.get('write_ms', '?')} ms at {rate:,.0f}/s, addBatch "
+            f"{spark.get('addBatch', '?')} ms, trigger {spark.get('triggerExecution', '?')} ms")

@@ -211,19 +211,21 @@ class ChangeLog(LogWriter, ShardApi):
 
     def current_timestamp(self) -> datetime:
         """The safe time: every commit at or before it is visible now, none will come later."""
+        return from_micros(self._settled_safe_micros())
+
+    def _settled_safe_micros(self) -> int:
+        """The journal settled, the safe time of a fresh snapshot."""
         session = self._session()
         journal.settle_pending(session)
         with read_transaction(session.conn):
-            return from_micros(journal.safe_micros(session.conn))
+            return journal.safe_micros(session.conn)
 
     def _publish_closed(self, micros: int) -> int:
         """Promise that no commit will have a timestamp <= `micros`; return the safe time."""
-        session = self._session()
-        journal.settle_pending(session)
-        with read_transaction(session.conn):
-            safe = journal.safe_micros(session.conn)
+        safe = self._settled_safe_micros()
         if safe >= micros:
             return safe
+        session = self._session()
         with write_transaction(session.conn):
             journal.settle(session, session.refresh())
             meta = session.meta

@@ -6,7 +6,6 @@ lost: a reader with write access settles the same commits later."""
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +16,7 @@ from cdcflow import Database
 from cdcflow.errors import FailedPrecondition
 from cdcflow.follow import follow_change_stream
 from cdcflow.store.changelog import open_log
+from tests.unit.store.test_journal import _counts
 
 pytestmark = pytest.mark.unit
 
@@ -39,14 +39,6 @@ def _settled_record_values(db: Database, start: datetime) -> list[dict[str, obje
             for m in r.mods]
 
 
-def _journal_and_records(path: Path) -> tuple[int, int]:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-        (pending,) = conn.execute("SELECT COUNT(*) FROM _journal").fetchone()
-        (records,) = conn.execute("SELECT COUNT(*) FROM _log WHERE kind = 0").fetchone()
-    conn.close()
-    return int(pending), int(records)
-
-
 def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True)
 
@@ -67,9 +59,9 @@ def test_a_file_on_a_read_only_mount_is_failed_precondition_naming_it(tmp_path: 
             assert str(path) in str(raised.value)
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=True)
-    assert _journal_and_records(path) == (1, 0)  # nothing lost: still in the journal
+    assert _counts(path) == (1, 0)  # nothing lost: still in the journal
     assert _settled_record_values(Database.open(path, create=False), start) == [{"V": 7}]
-    assert _journal_and_records(path) == (0, 1)
+    assert _counts(path) == (0, 1)
 
 
 def test_a_reader_that_may_not_write_cannot_settle_and_writes_nothing(tmp_path: Path):
@@ -81,8 +73,8 @@ def test_a_reader_that_may_not_write_cannot_settle_and_writes_nothing(tmp_path: 
     with pytest.raises(FailedPrecondition, match="write access") as raised:
         reader.current_timestamp()
     assert str(path) in str(raised.value)
-    assert _journal_and_records(path) == (1, 0)
+    assert _counts(path) == (1, 0)
     conn.execute("PRAGMA query_only = OFF")  # write access again: the same commit settles
     reader.current_timestamp()
-    assert _journal_and_records(path) == (0, 1)
+    assert _counts(path) == (0, 1)
     assert _settled_record_values(writer, start) == [{"V": 7}]
