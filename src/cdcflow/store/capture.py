@@ -26,6 +26,7 @@ from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_
 from cdcflow.model.schema import ChangeStreamDef, TableSchema
 from cdcflow.model.source import SourceMetadata
 from cdcflow.model.timestamps import format_rfc3339
+from cdcflow.store import record_types
 
 
 @dataclass(slots=True)
@@ -205,9 +206,14 @@ def encode_record(record: DataChangeRecord) -> str:
 def record_body(head: RecordHead, mods: list[dict[str, Any]]) -> str:
     """The log body of a record from its head and its mods as `Mod.to_dict` gives them: the
     one layout of `encode_record` and of records encoded without being built
-    (`cdcflow.store.source_records.encoded_source_records`)."""
+    (`cdcflow.store.source_records.encoded_source_records`). Its column types come first,
+    then what `record_rest` gives."""
+    return record_types.joined(column_types_text(head.column_types), record_rest(head, mods))
+
+
+def record_rest(head: RecordHead, mods: list[dict[str, Any]]) -> str:
+    """`record_body` without its column types, as `_log` keeps it (`record_types.split`)."""
     body: dict[str, Any] = {
-        "column_types": column_types_json(head.column_types),
         "mods": mods,
         "commit_timestamp": _commit_text(head.commit_timestamp),
         "record_sequence": head.record_sequence,
@@ -225,15 +231,24 @@ def record_body(head: RecordHead, mods: list[dict[str, Any]]) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
+def _column_types_str(column_types: tuple[ColumnTypeInfo, ...]) -> str:
+    return json.dumps([c.to_dict() for c in column_types], separators=(",", ":"))
+
+
+column_types_text = IdentityMemo(_column_types_str)
+"""The JSON of column types, found by identity first (a capture source reuses one tuple per
+relation, native commits one per stream and schema: `cdcflow.store.native_entries`); equal
+tuples built again are found by value by the lru_cache. The same text object each time, so a
+dict keyed by it finds it without hashing it again."""
+
+
+@functools.lru_cache(maxsize=1024)
 def _column_types_text(column_types: tuple[ColumnTypeInfo, ...]) -> orjson.Fragment:
-    return orjson.Fragment(json.dumps([c.to_dict() for c in column_types],
-                                      separators=(",", ":")))
+    return orjson.Fragment(column_types_text(column_types))
 
 
 column_types_json = IdentityMemo(_column_types_text)
-"""Found by identity first (a capture source reuses one tuple per relation, native commits one
-per stream and schema: `cdcflow.store.native_entries`); equal tuples built again are found
-by value by the lru_cache."""
+"""`column_types_text` as a fragment orjson writes as it is."""
 
 
 

@@ -1,14 +1,15 @@
 """The log tables and every SQL statement on them (the DAO of the change log).
 
-Five tables make the log: `_partitions` (each change-stream partition: key range, time span,
+Six tables make the log: `_partitions` (each change-stream partition: key range, time span,
 lineage), `_log` (records per partition: data records, and the child-partitions record that
-ends a partition), `_positions` (per external source, the position after the last
-transaction appended), `_objects` (the tables external sources appended, with their column
-types) and `_journal` (native commits whose records are not rendered yet; only
-`cdcflow.store.journal` reads and writes it). No other module touches them. Every function
-runs inside the caller's SQLite transaction: a write function inside a write transaction, so
-the records of one commit, its partition changes and the source position land together or
-not at all.
+ends a partition), `_column_types` (the column types data records share, stored once),
+`_positions` (per external source, the position after the last transaction appended),
+`_objects` (the tables external sources appended, with their column types) and `_journal`
+(native commits whose records are not rendered yet). No other module touches them, but
+`cdcflow.store.journal` (`_journal`) and `cdcflow.store.record_types` (`_column_types`).
+Every function runs inside the caller's SQLite transaction: a write function inside a write
+transaction, so the records of one commit, its partition changes and the source position
+land together or not at all.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any, Final, NamedTuple
 
+from cdcflow.store import record_types
+
 LOG_DATA: Final = 0
 LOG_CHILD: Final = 1
-FORMAT_VERSION: Final = 3
+FORMAT_VERSION: Final = 4
 """1: the first release; 2: source blocks on records, `_positions`, `_objects` (the tables
 appended sources wrote, with their column types) and `_partitions.expired_upto` (the newest
 commit that retention removed from a partition); 3: `_journal`, native commits' changes not
-yet rendered into records (`cdcflow.store.journal`: a reader of format 2 would miss them)."""
+yet rendered into records (`cdcflow.store.journal`: a reader of format 2 would miss them);
+4: data records' column types in `_column_types`, named by `_log.types`
+(`cdcflow.store.record_types`: a reader of format 3 would read bodies without them)."""
 
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS _partitions ("
@@ -35,7 +40,8 @@ _TABLES = (
     "CREATE TABLE IF NOT EXISTS _log ("
     "stream TEXT NOT NULL, token TEXT NOT NULL, commit_micros INTEGER NOT NULL, "
     "seq INTEGER NOT NULL, kind INTEGER NOT NULL, mods INTEGER NOT NULL, body TEXT NOT NULL, "
-    "PRIMARY KEY (stream, token, commit_micros, seq))",
+    "types INTEGER, PRIMARY KEY (stream, token, commit_micros, seq))",
+    record_types.TABLE,
     "CREATE TABLE IF NOT EXISTS _positions ("
     "source TEXT PRIMARY KEY, position TEXT NOT NULL, source_micros INTEGER, "
     "appended_micros INTEGER NOT NULL) WITHOUT ROWID",
@@ -57,12 +63,15 @@ LogRow = tuple[int, int, int, str]
 
 
 def create_tables(conn: sqlite3.Connection) -> None:
-    """Create the log tables if missing (idempotent; also upgrades a format-1 file)."""
+    """Create the log tables if missing (idempotent; also upgrades a file of an older
+    format)."""
     for statement in _TABLES:
         conn.execute(statement)
     columns = {row[1] for row in conn.execute("PRAGMA table_info(_partitions)")}
     if "expired_upto" not in columns:
         conn.execute("ALTER TABLE _partitions ADD COLUMN expired_upto INTEGER")
+    if "types" not in {row[1] for row in conn.execute("PRAGMA table_info(_log)")}:
+        conn.execute("ALTER TABLE _log ADD COLUMN types INTEGER")  # NULL: a whole body
 
 
 # ---- partitions -----------------------------------------------------------------------------
@@ -154,7 +163,8 @@ def _add_records(conn: sqlite3.Connection, counts: dict[tuple[str, str], int]) -
 
 class DataRow(NamedTuple):
     """One data record ready for `_log`: stream, partition token, commit micros, sequence,
-    mods, body. A tuple, as the rows of a bulk insert are."""
+    mods, body, and the body's column types when they are apart from it (None: the body is
+    whole). A tuple, as the rows of a bulk insert are."""
 
     stream: str
     token: str
@@ -162,21 +172,24 @@ class DataRow(NamedTuple):
     sequence: int
     mods: int
     body: str
+    types: str | None = None
 
 
 def insert_data_records(conn: sqlite3.Connection, rows: Iterable[DataRow]) -> None:
-    """Insert data records (streamed) and add them to their partitions' counts."""
+    """Insert data records (streamed), their column types once (`record_types`), and add
+    them to their partitions' counts."""
     counts: dict[tuple[str, str], int] = {}
+    ids = record_types.TypeIds(conn)
 
     def counted() -> Iterator[tuple[Any, ...]]:
-        for stream, token, micros, sequence, mods, body in rows:
+        for stream, token, micros, sequence, mods, body, types in rows:
             key = (stream, token)
             counts[key] = counts.get(key, 0) + 1
-            yield stream, token, micros, sequence, LOG_DATA, mods, body
+            yield stream, token, micros, sequence, LOG_DATA, mods, *ids.stored(body, types)
 
     conn.executemany(
-        "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)", counted())
+        "INSERT INTO _log(stream, token, commit_micros, seq, kind, mods, body, types) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", counted())
     _add_records(conn, counts)
 
 
@@ -199,13 +212,12 @@ def records_after(
     """Records of a partition after position (micros, seq), up to commit micros `until`
     (None: no bound), in (commit_timestamp, record_sequence) order."""
     bound = _AFTER_EVERYTHING if until is None else until
-    rows: list[LogRow] = conn.execute(
-        "SELECT commit_micros, seq, kind, body FROM _log WHERE stream = ? AND token = ? "
+    return record_types.read_bodies(conn, conn.execute(
+        "SELECT commit_micros, seq, kind, body, types FROM _log WHERE stream = ? AND token = ? "
         "AND (commit_micros, seq) > (?, ?) AND commit_micros <= ? "
         "ORDER BY commit_micros, seq LIMIT ?",
         (stream, token, after[0], after[1], bound, limit),
-    ).fetchall()
-    return rows
+    ).fetchall())
 
 
 def after_micros(micros: int) -> tuple[int, int]:

@@ -26,7 +26,13 @@ from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod, format_
 from cdcflow.model.schema import ChangeStreamDef, key_hash
 from cdcflow.model.source import SourceMetadata
 from cdcflow.model.timestamps import from_micros
-from cdcflow.store.capture import LogEntry, PartitionRanges, RecordHead, record_body
+from cdcflow.store.capture import (
+    LogEntry,
+    PartitionRanges,
+    RecordHead,
+    column_types_text,
+    record_rest,
+)
 from cdcflow.store.log import DataRow
 
 MAX_MODS_PER_RECORD = 1_000
@@ -162,7 +168,8 @@ def encoded_source_records(
 ) -> Iterator[DataRow]:
     """The log rows of `source_records(..., in_memory=True)`'s records at `commit_micros`,
     encoded as `encode_record` encodes them, without building a record or a mod: the same
-    records in the same order with the same bodies (tests/property/test_fast_paths.py)."""
+    records in the same order with the same bodies (tests/property/test_fast_paths.py), each
+    with its column types apart, as `_log` keeps them (`cdcflow.store.record_types`)."""
     positioned = _positioned(changes, True)
     commit_timestamp = from_micros(commit_micros)
     for stream in sorted(streams, key=lambda s: s.name):
@@ -176,7 +183,7 @@ def encoded_source_records(
                 last_in_partition=runs.last_in_partition[run.token] == run.index,
                 records=runs.count, partitions=len(runs.last_in_partition), source=metadata)
             yield DataRow(stream.name, run.token, commit_micros, run.index, len(run.mods),
-                          record_body(head, run.mods))
+                          record_rest(head, run.mods), column_types_text(first.column_types))
 
 
 def _in_one_pass(ranges: PartitionRanges, positioned: Iterable[tuple[SourceChange, int]],

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from cdcflow.errors import FailedPrecondition
-from cdcflow.store import log
+from cdcflow.store import log, record_types
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS _meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -42,12 +42,21 @@ _DEFAULT_META = {
 
 
 
+class LogConnection(sqlite3.Connection):
+    """A connection with its caches of the file's column types (`record_types`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.type_ids: dict[str, int] = {}
+        self.type_texts: dict[int, str] = {}
+
+
 def connect(path: str) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL journal, 60 s busy
     wait. A file this process may not open for writing is FailedPrecondition naming it."""
     try:
         conn = sqlite3.connect(path, timeout=60.0, isolation_level=None,
-                               check_same_thread=False)
+                               check_same_thread=False, factory=LogConnection)
         conn.execute("PRAGMA journal_mode=WAL")
     except sqlite3.OperationalError as error:
         raise _not_writable(path, error) from None
@@ -119,6 +128,7 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         yield conn
     except BaseException:
         conn.execute("ROLLBACK")
+        record_types.forget_written(conn)
         raise
     conn.execute("COMMIT")
 

@@ -315,7 +315,17 @@ def test_a_file_of_the_first_release_opens_and_takes_appends(tmp_path: Path):
     assert db.position("pg") is not None
     (version,) = sqlite3.connect(path).execute(
         "SELECT value FROM _meta WHERE key = 'log_format'").fetchone()
-    assert version == 3  # the journal of native commits (cdcflow.store.journal)
+    assert version == 4  # column types stored once (cdcflow.store.record_types)
+    # the old records keep their whole bodies; the new one names its column types
+    kept = sqlite3.connect(path).execute(
+        "SELECT types IS NULL, COUNT(*) FROM _log WHERE kind = 0 GROUP BY 1").fetchall()
+    assert kept == [(0, 3), (1, 16)]  # two streams; both new Accounts records share a row
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM _column_types").fetchone() == (2,)
+    clock.advance(timedelta(seconds=1))
+    records = data_records(db, "Everything")
+    assert [r.table_name for r in records[-2:]] == ["Accounts", "Accounts2"]
+    assert [r.mods[0].keys for r in records[-2:]] == [{"Id": 9}, {"id": 10}]
+    assert records[-2].column_types == records[0].column_types
 
 
 def test_a_newer_format_is_refused_and_a_foreign_file_is_not_touched(tmp_path: Path):
