@@ -2,7 +2,8 @@
 
 Batching (`append_many`), changes kept in memory (`source_records(in_memory=True)`), the
 hand-built record body (`encode_record`), records encoded without being built
-(`encoded_source_records`), the cheap value tests (`quick_check`) and the
+(`encoded_source_records`), the cheap value tests (`quick_check`), PostgreSQL's timestamp
+text rewritten rather than parsed, and the
 identity caches exist for speed only: each must agree with the path it shortcuts, on inputs
 hypothesis makes up.
 """
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdcflow import FakeClock, PartitionPolicy
+from cdcflow.capture.postgres import types as pg_types
 from cdcflow.errors import CdcflowError, InvalidArgument
 from cdcflow.events import files as files_module
 from cdcflow.model import events as events_module
@@ -154,9 +156,17 @@ def _apart(body: str) -> tuple[str, str | None]:
 
 VALUE_TYPES = [ColumnType("INT64"), ColumnType("STRING", length=3), ColumnType("STRING"),
                ColumnType("BOOL"), ColumnType("FLOAT64"), ColumnType("DATE"),
-               ColumnType("NUMERIC", precision=5, scale=2)]
+               ColumnType("NUMERIC", precision=5, scale=2), ColumnType("TIMESTAMP")]
+TIMESTAMP_LIKE = (
+    st.datetimes().map(lambda d: d.isoformat(timespec="microseconds") + "Z")
+    | st.datetimes(timezones=st.timezones()).map(lambda d: d.isoformat()[:26] + "Z")
+    | st.text(alphabet="0123456789-:.TWZ+ ", min_size=27, max_size=27)
+    | st.tuples(st.datetimes(), st.integers(0, 26), st.characters()).map(
+        lambda t: (lambda s: s[:t[1]] + t[2] + s[t[1] + 1:])(
+            t[0].isoformat(timespec="microseconds") + "Z")))
+"""Texts of the record encoding's shape: right, off by a character, or with an offset."""
 ANY_VALUE = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
-             | st.text(max_size=6) | st.lists(st.integers(), max_size=2))
+             | st.text(max_size=6) | st.lists(st.integers(), max_size=2) | TIMESTAMP_LIKE)
 
 
 @settings(max_examples=400, deadline=None)
@@ -173,6 +183,10 @@ def test_the_quick_check_is_not_always_false():
     assert not quick_check(ColumnType("INT64"))(2**63)
     assert not quick_check(ColumnType("INT64"))(True)
     assert not quick_check(ColumnType("STRING", length=2))("abc")
+    timestamp = quick_check(ColumnType("TIMESTAMP"))
+    assert timestamp("2026-11-28T18:02:08.398974Z") and timestamp(None)
+    assert not timestamp("2026-11-28T18:02:08.398+01Z")  # an offset: the full check says
+    assert not timestamp("2026-13-28T18:02:08.398974Z")
     with pytest.raises(InvalidArgument):
         validate_value(decode_value("abc", ColumnType("STRING", length=2)),
                        ColumnType("STRING", length=2), "c")
@@ -259,3 +273,30 @@ def test_rfc3339_texts_of_utc_values_equal_converted_ones(when: datetime):
     expected = converted.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
     assert _format_utc.__wrapped__(when) == expected
     assert _format_utc.__wrapped__(converted) == expected
+
+
+def _pg_text(moment: datetime, zone: bool) -> str:
+    """A timestamp as PostgreSQL prints it in UTC with DateStyle ISO: trailing zeros of the
+    second cut, no fraction for a whole second, `+00` for a timestamptz."""
+    text = moment.strftime("%Y-%m-%d %H:%M:%S").rjust(19, "0")
+    if moment.microsecond:
+        text += f".{moment.microsecond:06d}".rstrip("0")
+    return text + ("+00" if zone else "")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.datetimes(), st.booleans())
+def test_postgres_timestamp_text_in_utc_is_rewritten_as_parsing_gives(moment: datetime,
+                                                                       zone: bool):
+    text = _pg_text(moment, zone)
+    expected = _format_utc(pg_types._parse_timestamp(text).astimezone(UTC))
+    assert pg_types._timestamp(text) == expected
+    assert quick_check(ColumnType("TIMESTAMP"))(expected)
+
+
+def test_other_postgres_timestamp_texts_are_parsed_or_refused():
+    assert pg_types._timestamp("2026-11-28 18:02:08.5+05:30") == "2026-11-28T12:32:08.500000Z"
+    assert pg_types._timestamp("0099-01-02 03:04:05") == "0099-01-02T03:04:05.000000Z"
+    for text in ("2026-11-28 18:02:08 BC", "infinity", "10000-01-01 00:00:00"):
+        with pytest.raises(InvalidArgument):
+            pg_types._timestamp(text)

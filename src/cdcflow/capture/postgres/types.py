@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -84,13 +85,34 @@ def unified_type(pg_type: PgType, type_modifier: int,
 
 
 def _parse_timestamp(text: str) -> datetime:
-    if text.endswith(" BC") or text in ("infinity", "-infinity"):
-        raise InvalidArgument(f"timestamp {text!r} is outside the years 1..9999 that cdcflow "
+    outside = InvalidArgument(f"timestamp {text!r} is outside the years 1..9999 that cdcflow "
                               "keeps")
-    parsed = datetime.fromisoformat(text)
+    if text.endswith(" BC") or text in ("infinity", "-infinity"):
+        raise outside
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:  # PostgreSQL's years go to 294276
+        raise outside from None
     if parsed.tzinfo is None:
         parsed = datetime.fromisoformat(text + "+00:00")
     return parsed
+
+
+_UTC_TEXT = re.compile(
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2}) ([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,6}))?(?:\+00)?")
+"""PostgreSQL's text of a timestamp in UTC (the session's TimeZone; DateStyle ISO): the date, a
+space, the time, up to 6 digits of a second, `+00` for a timestamptz."""
+
+
+def _timestamp(text: str) -> str:
+    """A timestamp's record encoding. Text in UTC is rewritten into it (a T for the space,
+    the second's digits to 6, a Z), not parsed (the writer checks every value); anything else
+    (another offset, BC, infinity, a year past 9999) is parsed."""
+    match = _UTC_TEXT.fullmatch(text)
+    if match is None:
+        return format_rfc3339(_parse_timestamp(text))
+    day, time, fraction = match.groups()
+    return f"{day}T{time}.{(fraction or '').ljust(6, '0')}Z"
 
 
 def _numeric(ctype: ColumnType) -> Callable[[str], Any]:
@@ -136,7 +158,7 @@ def scalar_converter(ctype: ColumnType) -> Callable[[str], Any]:
         case "DATE":
             return _date
         case "TIMESTAMP":
-            return lambda text: format_rfc3339(_parse_timestamp(text))
+            return _timestamp
         case "JSON":
             return _json
         case "BYTES":
