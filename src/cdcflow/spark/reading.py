@@ -3,6 +3,7 @@ table snapshot. Stateless: every call opens its own database connection (executo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -140,16 +141,28 @@ def _cut(piece: ChangeSlice, entries: Iterator[tuple[str, int, str]]
 
 
 def slice_bodies(piece: ChangeSlice) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """(kind, commit micros, record dict) of the slice's log entries: whole records."""
+    for kind, micros, record, types in slice_parts(piece):
+        if types is not None:  # the column types first, as in the body the writer made
+            record = {"column_types": orjson.loads(types), **record}
+        yield kind, micros, record
+
+
+def slice_parts(piece: ChangeSlice) -> Iterator[tuple[str, int, dict[str, Any], str | None]]:
+    """`slice_bodies` with a data record's column types apart when the log keeps them apart:
+    (kind, micros, the record without them, their JSON text); None and the whole record
+    else. Column types come as text to a row anyway: not parsed, they need no encoding."""
     if piece.segment_root is not None:
         table = read_segment(piece.segment())
         columns = [table.column(name).to_pylist() for name in ("kind", "commit_micros", "body")]
         for kind, micros, body in zip(*columns, strict=True):
-            yield kind, micros, orjson.loads(body)
+            yield kind, micros, orjson.loads(body), None
         return
     database = open_log(piece.database)
-    yield from database.read_log_entries(
-        piece.stream, piece.token, from_micros(piece.after), from_micros(piece.read_until())
-    )
+    for kind, micros, body, types in database.read_log_parts(
+            piece.stream, piece.token, from_micros(piece.after),
+            from_micros(piece.read_until())):
+        yield kind, micros, orjson.loads(body), types
 
 
 def _batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
@@ -174,8 +187,14 @@ def _source_columns(record: dict[str, Any], micros: int) -> tuple[str, int, dict
     source = record.get("source")
     if source is None:
         return EMBEDDED.cdc_method, micros, {"tx_id": record["server_transaction_id"]}
-    return (source["read_method"], to_micros(parse_timestamp(source["source_timestamp"])),
+    return (source["read_method"], _micros_of(source["source_timestamp"]),
             {"tx_id": source["tx_id"], **source["position"]})
+
+
+@functools.lru_cache(maxsize=4096)
+def _micros_of(text: str) -> int:
+    """The records of a source transaction share its source timestamp: parsed once."""
+    return to_micros(parse_timestamp(text))
 
 
 def read_changes(piece: ChangeSlice) -> Iterator[pa.RecordBatch]:
@@ -205,26 +224,35 @@ def change_rows(piece: ChangeSlice, keep: Callable[[str, str], bool] | None = No
                 ) -> Iterator[tuple[Any, ...]]:
     """The slice's mods in `CHANGE_COLUMNS` order, timestamps in micros; with `keep`, only
     those it takes by table name and keys (as JSON text), the others not encoded."""
-    for kind, micros, record in slice_bodies(piece):
+    for kind, micros, record, types in slice_parts(piece):
         if kind == "data":
-            yield from _mod_rows(record, micros, piece.token, keep)
+            yield from _mod_rows(record, micros, piece.token, keep, types)
 
 
 def _encode(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _types_column(types: str) -> str:
+    """The column types column of a record whose types the log kept as text: that text, the
+    same as encoding them again when it holds no escape (the standard library's encoder,
+    which wrote it, escapes more than orjson: non-ASCII, DEL)."""
+    return types if "\\" not in types else _encode(orjson.loads(types))
+
+
 def _mod_rows(record: dict[str, Any], micros: int, token: str,
-              keep: Callable[[str, str], bool] | None = None) -> Iterator[tuple[Any, ...]]:
+              keep: Callable[[str, str], bool] | None = None, types: str | None = None
+              ) -> Iterator[tuple[Any, ...]]:
     """A data record's rows in `CHANGE_COLUMNS` order: the record's values, once per mod
-    (that `keep` takes). An empty object, a mod's usual old values, is not encoded again."""
+    (that `keep` takes). An empty object, a mod's usual old values, is not encoded again;
+    nor are column types given as `types` text (see `_types_column`)."""
     read_method, source_stamp, source_fields = _source_columns(record, micros)
     first = (micros, record["server_transaction_id"], record["record_sequence"])
     shared = (record["table_name"], record["mod_type"], record["value_capture_type"],
               record["number_of_records_in_transaction"],
               record["number_of_partitions_in_transaction"],
               record["is_last_record_in_transaction_in_partition"], token)
-    column_types = _encode(record["column_types"])
+    column_types = _encode(record["column_types"]) if types is None else _types_column(types)
     source_text = _encode(source_fields)
     for index, mod in enumerate(record["mods"]):
         keys = _encode(mod["keys"])

@@ -28,7 +28,7 @@ from cdcflow.model.records import ChangeRecord
 from cdcflow.model.schema import ChangeStreamDef
 from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, to_micros
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import journal, log, partition_map, retention
+from cdcflow.store import journal, log, partition_map, record_types, retention
 from cdcflow.store.catalog import next_commit_micros
 from cdcflow.store.checkpoint import BackgroundCheckpoints
 from cdcflow.store.ddl import StreamScope
@@ -274,7 +274,16 @@ class ChangeLog(LogWriter, ShardApi):
     def read_log_texts(
         self, stream: str, token: str, after: datetime, until: datetime
     ) -> Iterator[tuple[str, int, str]]:
-        """`read_log_entries` with each body as the log holds it: JSON text."""
+        """`read_log_entries` with each body as JSON text."""
+        for kind, micros, body, types in self.read_log_parts(stream, token, after, until):
+            yield kind, micros, body if types is None else record_types.joined(types, body)
+
+    def read_log_parts(
+        self, stream: str, token: str, after: datetime, until: datetime
+    ) -> Iterator[tuple[str, int, str, str | None]]:
+        """`read_log_texts` with each data record's column types apart, as the log keeps
+        them (`cdcflow.store.record_types`): (kind, micros, body, column types text or None
+        when the body is whole)."""
         start = to_micros(after) + 1
         earliest = to_micros(self.earliest_readable(stream))
         if start < earliest:
@@ -282,9 +291,9 @@ class ChangeLog(LogWriter, ShardApi):
                 f"start {format_rfc3339(start)} is outside the retention of change stream "
                 f"{stream!r}; the earliest valid timestamp is {format_rfc3339(earliest)}"
             )
-        for kind, micros, body in scan_log(self._session(), stream, token, start - 1,
-                                           to_micros(until)):
-            yield ("child" if kind == log.LOG_CHILD else "data"), micros, body
+        for kind, micros, body, types in scan_log(self._session(), stream, token, start - 1,
+                                                  to_micros(until)):
+            yield ("child" if kind == log.LOG_CHILD else "data"), micros, body, types
 
     def execute_sql(
         self,

@@ -211,13 +211,31 @@ def records_after(
 ) -> list[LogRow]:
     """Records of a partition after position (micros, seq), up to commit micros `until`
     (None: no bound), in (commit_timestamp, record_sequence) order."""
+    return record_types.read_bodies(conn, _rows_after(conn, stream, token, after, until, limit))
+
+
+def record_parts_after(
+    conn: sqlite3.Connection, stream: str, token: str, after: tuple[int, int], until: int | None,
+    limit: int,
+) -> list[tuple[int, int, int, str, str | None]]:
+    """`records_after` with each body as `_log` keeps it and the text of its column types
+    apart (`record_types.read_parts`): a reader that wants the column types as text need
+    not parse them."""
+    return record_types.read_parts(conn, _rows_after(conn, stream, token, after, until, limit))
+
+
+def _rows_after(
+    conn: sqlite3.Connection, stream: str, token: str, after: tuple[int, int], until: int | None,
+    limit: int,
+) -> list[tuple[int, int, int, str, int | None]]:
     bound = _AFTER_EVERYTHING if until is None else until
-    return record_types.read_bodies(conn, conn.execute(
+    rows: list[tuple[int, int, int, str, int | None]] = conn.execute(
         "SELECT commit_micros, seq, kind, body, types FROM _log WHERE stream = ? AND token = ? "
         "AND (commit_micros, seq) > (?, ?) AND commit_micros <= ? "
         "ORDER BY commit_micros, seq LIMIT ?",
         (stream, token, after[0], after[1], bound, limit),
-    ).fetchall())
+    ).fetchall()
+    return rows
 
 
 def after_micros(micros: int) -> tuple[int, int]:

@@ -201,9 +201,10 @@ def _late_children(session: Session, args: QueryArgs) -> Iterator[ChangeRecord]:
 
 def scan_log(
     session: Session, stream: str, token: str, after_micros: int, until_micros: int
-) -> Iterator[tuple[int, int, str]]:
-    """(kind, commit micros, JSON body) of a partition's log entries with
-    after < commit <= until, in order.
+) -> Iterator[tuple[int, int, str, str | None]]:
+    """(kind, commit micros, body, column types) of a partition's log entries with
+    after < commit <= until, in order: each body as the log keeps it, with the text of its
+    column types apart (None: the body is whole; `log.record_parts_after`).
 
     For bulk readers (the Spark source) that have planned the range against the safe time
     themselves; the caller checks retention. `kind` is LOG_DATA or LOG_CHILD.
@@ -213,10 +214,10 @@ def scan_log(
     while True:
         with read_transaction(session.conn):
             bound = journal.read_bound(session.conn, until_micros)
-            rows = log.records_after(session.conn, stream, token, position, bound,
-                                     _BATCH * 5)
-        for micros, seq, kind, body in rows:
+            rows = log.record_parts_after(session.conn, stream, token, position, bound,
+                                          _BATCH * 5)
+        for micros, seq, kind, body, types in rows:
             position = (micros, seq)
-            yield kind, micros, body
+            yield kind, micros, body, types
         if len(rows) < _BATCH * 5:
             return

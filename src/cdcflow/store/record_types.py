@@ -82,16 +82,26 @@ def forget_written(conn: sqlite3.Connection) -> None:
 def read_bodies(conn: sqlite3.Connection, rows: list[tuple[int, int, int, str, int | None]]
                 ) -> list[tuple[int, int, int, str]]:
     """(micros, seq, kind, body) of `_log` rows read with their `types`: whole bodies."""
+    return [(micros, seq, kind, body if types is None else joined(types, body))
+            for micros, seq, kind, body, types in read_parts(conn, rows)]
+
+
+def read_parts(conn: sqlite3.Connection, rows: list[tuple[int, int, int, str, int | None]]
+               ) -> list[tuple[int, int, int, str, str | None]]:
+    """(micros, seq, kind, body, column types text) of `_log` rows read with their `types`:
+    the body as `_log` keeps it, and the text of the column types it names (None: the body is
+    whole)."""
     cache: dict[int, str] | None = getattr(conn, "type_texts", None)
     texts: dict[int, str] = {} if cache is None else cache
-    out = []
+    out: list[tuple[int, int, int, str, str | None]] = []
     for micros, seq, kind, body, ref in rows:
-        if ref is not None:
-            types = texts.get(ref)
-            if types is None:
-                types = texts[ref] = _text(conn, ref)
-            body = joined(types, body)
-        out.append((micros, seq, kind, body))
+        if ref is None:
+            out.append((micros, seq, kind, body, None))
+            continue
+        types = texts.get(ref)
+        if types is None:
+            types = texts[ref] = _text(conn, ref)
+        out.append((micros, seq, kind, body, types))
     return out
 
 
