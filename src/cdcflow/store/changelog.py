@@ -10,30 +10,27 @@ segment files, a networked store) can serve executors on other machines later.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sqlite3
 import threading
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Protocol, Self
 
-import orjson
-
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
+from cdcflow.errors import FailedPrecondition, InvalidArgument, NotFound
 from cdcflow.model.partitions import PartitionMetadata, PartitionPolicy
 from cdcflow.model.records import ChangeRecord
 from cdcflow.model.schema import ChangeStreamDef
-from cdcflow.model.timestamps import as_datetime, format_rfc3339, from_micros, to_micros
+from cdcflow.model.timestamps import as_datetime, from_micros, to_micros
 from cdcflow.store import catalog as catalog_ops
-from cdcflow.store import journal, log, partition_map, record_types, retention
+from cdcflow.store import journal, log, partition_map, retention
+from cdcflow.store.bulk_reads import BulkReads
 from cdcflow.store.catalog import next_commit_micros
 from cdcflow.store.checkpoint import BackgroundCheckpoints
 from cdcflow.store.ddl import StreamScope
 from cdcflow.store.query import parse_change_stream_query
-from cdcflow.store.reader import initial_partitions, read_partition, scan_log, validate_query
+from cdcflow.store.reader import initial_partitions, read_partition, validate_query
 from cdcflow.store.session import Session
 from cdcflow.store.shards import ShardApi
 from cdcflow.store.sqlite import (
@@ -88,9 +85,10 @@ class LogReader(Protocol):
                       ) -> int: ...
 
 
-class ChangeLog(LogWriter, ShardApi):
+class ChangeLog(LogWriter, ShardApi, BulkReads):
     """A change-log file; open it with `ChangeLog.open(path)`. Safe for many processes.
-    Its writer is `LogWriter`'s `append`; its shard/iterator API is `ShardApi`'s."""
+    Its writer is `LogWriter`'s `append`; its shard/iterator API is `ShardApi`'s; its
+    planned reads of log ranges are `BulkReads`'."""
 
     def __init__(self, path: str, clock: Clock, initial_partition_count: int) -> None:
         self.path = path
@@ -255,46 +253,6 @@ class ChangeLog(LogWriter, ShardApi):
             return iter([initial_partitions(self._session(), args)])
         return read_partition(self._session(), self.clock, args, self._publish_closed)
 
-    def read_log_bodies(
-        self, stream: str, token: str, after: datetime, until: datetime
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Records of one partition with after < commit_timestamp <= until as parsed dicts
-        (the `to_dict()` shape), tagged "data" or "child". A bulk path for planned reads:
-        `until` must not exceed `current_timestamp()`; the start must be inside retention."""
-        for kind, _, record in self.read_log_entries(stream, token, after, until):
-            yield kind, record
-
-    def read_log_entries(
-        self, stream: str, token: str, after: datetime, until: datetime
-    ) -> Iterator[tuple[str, int, dict[str, Any]]]:
-        """`read_log_bodies` with each record's commit timestamp in microseconds."""
-        for kind, micros, body in self.read_log_texts(stream, token, after, until):
-            yield kind, micros, orjson.loads(body)
-
-    def read_log_texts(
-        self, stream: str, token: str, after: datetime, until: datetime
-    ) -> Iterator[tuple[str, int, str]]:
-        """`read_log_entries` with each body as JSON text."""
-        for kind, micros, body, types in self.read_log_parts(stream, token, after, until):
-            yield kind, micros, body if types is None else record_types.joined(types, body)
-
-    def read_log_parts(
-        self, stream: str, token: str, after: datetime, until: datetime
-    ) -> Iterator[tuple[str, int, str, str | None]]:
-        """`read_log_texts` with each data record's column types apart, as the log keeps
-        them (`cdcflow.store.record_types`): (kind, micros, body, column types text or None
-        when the body is whole)."""
-        start = to_micros(after) + 1
-        earliest = to_micros(self.earliest_readable(stream))
-        if start < earliest:
-            raise OutOfRange(
-                f"start {format_rfc3339(start)} is outside the retention of change stream "
-                f"{stream!r}; the earliest valid timestamp is {format_rfc3339(earliest)}"
-            )
-        for kind, micros, body, types in scan_log(self._session(), stream, token, start - 1,
-                                                  to_micros(until)):
-            yield ("child" if kind == log.LOG_CHILD else "data"), micros, body, types
-
     def execute_sql(
         self,
         sql: str,
@@ -317,44 +275,6 @@ class ChangeLog(LogWriter, ShardApi):
                                           query.end_timestamp, query.partition_token,
                                           query.heartbeat_milliseconds)
         return (([record],) for record in records)
-
-    def earliest_readable(self, stream: str) -> datetime:
-        """The earliest start_timestamp a query of `stream` may use now (CS-5)."""
-        definition = self.change_stream(stream)
-        now = self._now_micros()
-        return from_micros(max(definition.created_micros, now - definition.retention_micros))
-
-    @contextlib.contextmanager
-    def _reading_up_to(self, until: datetime) -> Iterator[tuple[sqlite3.Connection, int]]:
-        """A read snapshot for records up to `until`, the journal settled that far first:
-        its connection, and the bound cut before any commit still in the journal."""
-        session = self._session()
-        journal.settle_pending(session, to_micros(until))
-        with read_transaction(session.conn):
-            yield session.conn, journal.readable_micros(session.conn, to_micros(until))
-
-    def log_mod_counts(
-        self, stream: str, token: str, after: datetime, until: datetime, limit: int
-    ) -> list[tuple[int, int]]:
-        """(commit micros, mods) of the first `limit` data records of a partition with
-        after < commit_timestamp <= until, in commit order: for admission control."""
-        with self._reading_up_to(until) as (conn, bound):
-            return log.mod_counts(conn, stream, token, to_micros(after), bound, limit)
-
-    def log_mod_total(self, stream: str, token: str, after: datetime, until: datetime
-                      ) -> int:
-        """The mods of a partition's data records with after < commit_timestamp <= until."""
-        with self._reading_up_to(until) as (conn, bound):
-            return log.mod_total(conn, stream, token, to_micros(after), bound)
-
-    def log_admission_counts(
-        self, stream: str, tokens: list[str], after: datetime, until: datetime, max_mods: int
-    ) -> tuple[int, list[tuple[int, int]]]:
-        """A bound and the mods per commit up to it, for a batch of about `max_mods` mods
-        over partitions `tokens` (see `log.admission_counts`), in one snapshot."""
-        with self._reading_up_to(until) as (conn, bound):
-            return log.admission_counts(conn, stream, tokens, to_micros(after), bound,
-                                        max_mods)
 
     # ---- partitions ---------------------------------------------------------------------
 
