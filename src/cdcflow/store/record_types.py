@@ -18,6 +18,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
+from cdcflow.errors import DataLoss
+
 TABLE: Final = (
     "CREATE TABLE IF NOT EXISTS _column_types ("
     "id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE)"
@@ -108,5 +110,7 @@ def read_parts(conn: sqlite3.Connection, rows: list[tuple[int, int, int, str, in
 def _text(conn: sqlite3.Connection, ref: int) -> str:
     row = conn.execute("SELECT text FROM _column_types WHERE id = ?", (ref,)).fetchone()
     if row is None:  # written in the same transaction as the records that name it
-        raise AssertionError(f"_column_types has no row {ref}: the file is damaged")
+        raise DataLoss(f"a record names column types {ref}, which _column_types does not "
+                       "hold: every record's column types are written with it, so the file "
+                       "was changed outside cdcflow")
     return str(row[0])

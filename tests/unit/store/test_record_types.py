@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdcflow.errors import DataLoss
 from cdcflow.model.records import ColumnTypeInfo, DataChangeRecord, Mod
 from cdcflow.model.types import ColumnType
 from cdcflow.store import log, record_types
@@ -94,3 +95,15 @@ def test_a_child_partitions_record_keeps_its_whole_body(tmp_path: Path):
         log.insert_child_record(conn, "s", "P0", 5, '{"start_micros": 5, "children": []}')
     assert _read(conn) == ['{"start_micros": 5, "children": []}']
     assert conn.execute("SELECT types FROM _log").fetchall() == [(None,)]
+
+
+def test_a_record_naming_column_types_the_file_lacks_is_data_loss(tmp_path: Path):
+    conn = connect(str(tmp_path / "log.db"))
+    initialise(conn)
+    with write_transaction(conn):
+        log.insert_data_records(conn, [_row(1, _body(["id", "v"], "a"))])
+    plain = sqlite3.connect(tmp_path / "log.db")
+    with plain:
+        plain.execute("DELETE FROM _column_types")
+    with pytest.raises(DataLoss, match="column types 1"):
+        _read(sqlite3.connect(tmp_path / "log.db"))
