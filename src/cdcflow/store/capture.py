@@ -231,11 +231,11 @@ def record_rest(head: RecordHead, mods: list[dict[str, Any]]) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _column_types_str(column_types: tuple[ColumnTypeInfo, ...]) -> str:
+def _column_types_json_text(column_types: tuple[ColumnTypeInfo, ...]) -> str:
     return json.dumps([c.to_dict() for c in column_types], separators=(",", ":"))
 
 
-column_types_text = IdentityMemo(_column_types_str)
+column_types_text = IdentityMemo(_column_types_json_text)
 """The JSON of column types, found by identity first (a capture source reuses one tuple per
 relation, native commits one per stream and schema: `cdcflow.store.native_entries`); equal
 tuples built again are found by value by the lru_cache. The same text object each time, so a
@@ -243,11 +243,11 @@ dict keyed by it finds it without hashing it again."""
 
 
 @functools.lru_cache(maxsize=1024)
-def _column_types_text(column_types: tuple[ColumnTypeInfo, ...]) -> orjson.Fragment:
+def _column_types_fragment(column_types: tuple[ColumnTypeInfo, ...]) -> orjson.Fragment:
     return orjson.Fragment(column_types_text(column_types))
 
 
-column_types_json = IdentityMemo(_column_types_text)
+column_types_json = IdentityMemo(_column_types_fragment)
 """`column_types_text` as a fragment orjson writes as it is."""
 
 
