@@ -178,8 +178,12 @@ def check_equal_to_sources(catalog: Catalog, catalog_path: Path, shared: Path,
                            runner_out: Path) -> None:
     for name in ("lake", "pg"):
         code, report = cli_verify(catalog_path, name)
-        assert code == 0 and report["equal"], (report, catalog.errors(name),
-                                               runner_out.read_text()[-4000:])
+        # A text, not a tuple: pytest shortens the repr of anything else, and the stream's
+        # errors are what a failure here needs shown whole.
+        assert code == 0 and report["equal"], (
+            f"stream {name}'s errors, newest first: {json.dumps(catalog.errors(name), indent=1)}"
+            f"\nverify: {json.dumps(report)}\nthe runner's output, its end:\n"
+            f"{runner_out.read_text()[-4000:]}")
         assert all(o["rows"]["source"] > 0 for o in report["objects"]), report
         [folder] = (shared / "segments").glob(f"{name}-*")  # no batch went to executors?
         segments = list(folder.rglob("*.arrow"))
