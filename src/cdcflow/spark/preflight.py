@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cdcflow.errors import FailedPrecondition
+from cdcflow.errors import FailedPrecondition, Unavailable
+from cdcflow.spark.failure_text import described
 
 _PROBE = ".cdcflow-probe-"
 
@@ -41,7 +42,8 @@ def check_storage_root(spark: Any, root: str) -> None:
     2) reads a file the driver wrote under `root` and writes one the driver then reads: the
     root is the same shared folder everywhere, and writable. A root that is not shared is
     FailedPrecondition; a full or read-only one is the OSError that says so (the runner
-    retries those until the space returns)."""
+    retries those until the space returns); a probe job that fails (a lost executor, a
+    cancelled job) is Unavailable, which the runner retries like any passing failure."""
     marker, token = f"{_PROBE}{secrets.token_hex(8)}", secrets.token_hex(16)
     Path(root).mkdir(parents=True, exist_ok=True)  # an OSError here names the path
     Path(root, marker).write_text(token)
@@ -71,8 +73,6 @@ def _run_probe(spark: Any, root: str, marker: str, token: str, tasks: int
     try:
         return list(spark.sparkContext.parallelize(range(tasks), tasks).mapPartitionsWithIndex(
             lambda index, _: _probe_on_executor(root, marker, token, iter([index]))).collect())
-    except Exception as error:  # a Py4J error from the executors: its first line says why
-        first = str(error).strip().splitlines()[0][:500] if str(error).strip() else repr(error)
-        raise FailedPrecondition(
-            f"the probe of storage root {root!r} could not run on the executors: {first}"
-        ) from error
+    except Exception as error:  # a lost executor, say: no verdict on the root
+        raise Unavailable(f"the probe of storage root {root!r} could not run on the "
+                          f"executors: {described(error, 1000)}") from error
