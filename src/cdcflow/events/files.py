@@ -17,6 +17,7 @@ import io
 import itertools
 import json
 import os
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,8 +47,12 @@ class Rotation:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """`data` at `path`, whole: written aside under a name of this write's own, then moved.
+    Two writers of one path (a replayed task and one its killed driver left running) each
+    move a whole file; with one shared aside name, one moved the other's half-written file
+    into place, and the other's move failed. A killed write leaves its aside file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(temporary, "wb") as handle:
         handle.write(data)
         handle.flush()
