@@ -128,6 +128,15 @@ to `session(...)` wins; like cdcflow's other settings, this one wins over spark-
 and spark-submit's --conf, and a SparkContext already running keeps its own."""
 
 
+CRASH_TRACEBACKS = {
+    "spark.python.worker.faulthandler.enabled": "true",
+    "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+}
+"""A Python worker that crashes (a fatal signal) leaves its Python stack in the task's
+failure, which the runner records; without these, Spark says only that the worker "exited
+unexpectedly (crashed)". Each task opens and removes one small file for it."""
+
+
 SOCKETS_KEY = "spark.python.unix.domain.socket.enabled"
 SOCKETS_DIR_KEY = "spark.python.unix.domain.socket.dir"
 _SOCKET_NAME_LENGTH = 43
@@ -206,7 +215,7 @@ def _settings(verbose: bool, conf: dict[str, str], loopback: bool,
         "spark.sql.adaptive.coalescePartitions.enabled": "false",
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
-    }
+    } | CRASH_TRACEBACKS
     if loopback:
         settings |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
     if not verbose:

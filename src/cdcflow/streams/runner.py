@@ -23,6 +23,7 @@ from typing import Any
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import FailedPrecondition, NotFound
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
+from cdcflow.spark.failure_text import described
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.preflight import check_storage_root
 from cdcflow.spark.queries import (
@@ -213,9 +214,9 @@ class Runner:
 
     def _fail(self, name: str, object_name: str, error: BaseException) -> None:
         cause = environmental(error)
-        message = f"{type(error).__name__}: {error}"
+        message = described(error)
         self.catalog.record_error(name, object_name, (message if cause is None else
-                                                      f"{cause} ({message})")[:2000])
+                                                      f"{cause} ({message})"))
         self.catalog.update_status(name, waiting_for=cause)
         if cause is not None and name in self.workers:
             self.workers[name].stats["waiting"] = True  # forgiven at its next batch
@@ -363,8 +364,7 @@ class Runner:
         try:
             stop_between_batches(query, worker.control, timeout=120)
         except Exception as error:  # it had failed, or would not come to rest
-            self.catalog.record_error(worker.name, "*", f"{type(error).__name__}: "
-                                                        f"{error}"[:2000])
+            self.catalog.record_error(worker.name, "*", described(error))
             if query.isActive:
                 query.stop()
 
@@ -415,8 +415,7 @@ class Runner:
         self.catalog.update_status(stream, **status)
 
     def _table_failed(self, stream: str, table: str, error: BaseException) -> None:
-        self.catalog.record_error(stream, table, f"apply failed: {type(error).__name__}: "
-                                                 f"{error}"[:2000])
+        self.catalog.record_error(stream, table, f"apply failed: {described(error)}")
 
     def _capture_died(self, stream: str, message: str) -> None:
         self.catalog.record_error(stream, "*", message)

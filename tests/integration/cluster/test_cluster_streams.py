@@ -179,9 +179,12 @@ def check_equal_to_sources(catalog: Catalog, catalog_path: Path, shared: Path,
     for name in ("lake", "pg"):
         code, report = cli_verify(catalog_path, name)
         # A text, not a tuple: pytest shortens the repr of anything else, and the stream's
-        # errors are what a failure here needs shown whole.
+        # errors are what a failure here needs shown whole; the newest first of all, since
+        # a long output is shown with its middle cut out.
+        errors = catalog.errors(name)
         assert code == 0 and report["equal"], (
-            f"stream {name}'s errors, newest first: {json.dumps(catalog.errors(name), indent=1)}"
+            f"stream {name}'s newest error: {errors[0]['message'] if errors else None}\n"
+            f"its errors, newest first: {json.dumps(errors, indent=1)}"
             f"\nverify: {json.dumps(report)}\nthe runner's output, its end:\n"
             f"{runner_out.read_text()[-4000:]}")
         assert all(o["rows"]["source"] > 0 for o in report["objects"]), report
