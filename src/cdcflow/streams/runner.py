@@ -7,9 +7,7 @@ source has a capture worker gets one process, restarted with backoff when it die
 are applied in the background (AP-5). PAUSED streams stop; DRAINING streams finish what is in
 the log and become PAUSED. A failure is recorded as an error and the stream becomes FAILED,
 then is retried with exponential backoff; `max_retries` consecutive failures, or one that no
-retry can mend (InvalidArgument, FailedPrecondition), make it FAILED_PERMANENTLY. Failures
-stop counting once the stream shows it is well again: it writes changes after its retry,
-finishes a drain, or runs `healthy_seconds` without a change of state. States live
+retry can mend (InvalidArgument, FailedPrecondition), make it FAILED_PERMANENTLY. States live
 in the catalog, so a restarted runner resumes every RUNNING stream from its checkpoint.
 """
 
@@ -252,7 +250,6 @@ class Runner:
                     "not to a CDC table; name its key columns in the source's primary_keys"))
             if "cdc_start" not in self.catalog.status(name):  # the worker starts after this
                 run_backfill(setup, self.catalog, self.clock)
-            worker.stats["retried"] = record.retries > 0  # forgiven once it writes again
             self.catalog.act(name, "started")
         except Exception as error:
             self._fail(name, "*", error)
@@ -357,8 +354,6 @@ class Runner:
         if stats.pop("waiting", False):  # it writes again: the machine's refusal is over
             self.catalog.healthy(name)
             self.catalog.update_status(name, waiting_for=None)
-        elif result["rows"] and stats.pop("retried", False):
-            self.catalog.healthy(name)  # it wrote changes again since its retry
 
     def _stop_query(self, worker: Worker) -> None:
         """Stop the stream's query between batches, never inside one (see
@@ -395,7 +390,6 @@ class Runner:
             self.applier.apply_due(name, force=True)
             self.applier.forget(name)
             self.catalog.act(name, "drained", ("drained", {"through": target}))
-            self.catalog.healthy(name)  # it wrote all it had: its failures are forgiven
         except Exception as error:
             self._fail(name, "*", error)
 
