@@ -28,9 +28,12 @@ def _failure_of(spark: Any, fail: Any) -> BaseException:
 
     query = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
              .writeStream.foreachBatch(batch).start())
-    with contextlib.suppress(Exception):  # the failure is read from the query below
-        query.awaitTermination(120)
-    failure = query.exception()
+    try:
+        with contextlib.suppress(Exception):  # the failure is read from the query below
+            query.awaitTermination(120)
+        failure = query.exception()
+    finally:
+        query.stop()
     assert failure is not None, "the query did not fail"
     return RuntimeError(f"the streaming query failed: {failure}")
 
@@ -50,7 +53,6 @@ def _crashes(batches: Iterator[Any]) -> Iterator[Any]:
 def test_an_executor_exception_is_recorded_with_its_cause(spark):
     failure = _failure_of(spark, _raises)
     text = described(failure)
-    assert len(str(failure)) > MESSAGE_LIMIT or "\tat " in str(failure) or "===" in str(failure)
     assert "ValueError: the executor's own failure" in text, text
     assert text.startswith("RuntimeError: the streaming query failed:")
     assert "\tat " not in text and "=== Streaming Query ===" not in text
@@ -66,8 +68,3 @@ def test_a_crashed_python_worker_is_recorded_with_its_python_stack(spark):
     assert "Python worker exited unexpectedly (crashed)" in text, text
     assert "Segmentation fault" in text and "_crashes" in text, text
     assert "\tat " not in text and len(text) <= MESSAGE_LIMIT
-
-
-def test_a_long_text_is_cut_to_the_limit():
-    text = described(RuntimeError("x" * 10_000), limit=100)
-    assert len(text) == 100 and text.startswith("RuntimeError: xxx") and text.endswith("…")
