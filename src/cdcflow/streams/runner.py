@@ -23,7 +23,7 @@ from typing import Any
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import FailedPrecondition, NotFound
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
-from cdcflow.spark.failure_text import described
+from cdcflow.spark.failure_text import MESSAGE_LIMIT, described
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.preflight import check_storage_root
 from cdcflow.spark.queries import (
@@ -72,7 +72,7 @@ class Worker:
 
 class Runner:
     def __init__(self, catalog: str | Path, spark: Any, poll_seconds: float = 0.5,
-                 max_retries: int = 3, backoff_seconds: float = 1.0,
+                 max_retries: int = 5, backoff_seconds: float = 1.0,
                  max_backoff_seconds: float = 300.0, healthy_seconds: float = 60.0,
                  clock: Clock = SYSTEM_CLOCK, lease_seconds: float = 15.0,
                  master_given: bool = False) -> None:
@@ -214,9 +214,8 @@ class Runner:
 
     def _fail(self, name: str, object_name: str, error: BaseException) -> None:
         cause = environmental(error)
-        message = described(error)
-        self.catalog.record_error(name, object_name, (message if cause is None else
-                                                      f"{cause} ({message})"))
+        self.catalog.record_error(name, object_name, described(error) if cause is None else
+                                  f"{cause} ({described(error, MESSAGE_LIMIT - len(cause) - 3)})")
         self.catalog.update_status(name, waiting_for=cause)
         if cause is not None and name in self.workers:
             self.workers[name].stats["waiting"] = True  # forgiven at its next batch

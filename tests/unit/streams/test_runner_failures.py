@@ -67,6 +67,21 @@ def test_failures_retry_with_exponential_backoff_then_fail_permanently(tmp_path:
     assert catalog.get("s").retries == 0
 
 
+def test_by_default_five_retries_are_about_half_a_minute_of_trying(tmp_path: Path):
+    """A cluster's passing trouble (an executor lost as the runner restarts, say) can last
+    longer than the 7 s that three retries gave; README says five, 1 + 2 + 4 + 8 + 16 s."""
+    clock = FakeClock()
+    catalog = stream(tmp_path, tmp_path / "missing.db")
+    runner = Runner(tmp_path / "catalog.db", spark=None, clock=clock)
+    seen = drive(runner, catalog, clock, steps=600)
+    assert seen[-1][1] == StreamState.FAILED_PERMANENTLY
+    failed = [t for t, s in seen if s == StreamState.FAILED]
+    retried = [t for t, s in seen if s == StreamState.STARTING]
+    assert [round(r - f, 1) for f, r in zip(failed, retried, strict=False)] == [
+        1.0, 2.0, 4.0, 8.0, 16.0]
+    assert catalog.get("s").retries == 5 and len(catalog.errors("s")) == 6
+
+
 def test_a_stream_failing_after_it_runs_does_not_retry_forever(tmp_path: Path):
     """Each retry reaches RUNNING and then fails (here: no Spark to start a query with).
     `started` must not forgive the failures, or the stream would loop for ever."""
