@@ -47,10 +47,9 @@ class Rotation:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    """`data` at `path`, whole: written aside under a name of this write's own, then moved.
-    Two writers of one path (a replayed task and one its killed driver left running) each
-    move a whole file; with one shared aside name, one moved the other's half-written file
-    into place, and the other's move failed. A killed write leaves its aside file."""
+    """`data` at `path`, whole: written aside under a name of this write's own, then moved,
+    so that two writers of one path (a replayed task and one its killed driver left
+    running) each move a whole file. A killed write leaves its aside file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(temporary, "wb") as handle:

@@ -47,5 +47,4 @@ def test_a_probe_whose_job_fails_is_unavailable_not_a_verdict(spark, tmp_path: P
     assert all(type(f) is Unavailable for f in failures), failures
     assert "could not run on the executors" in str(failures[0])
     assert "cancelled" in str(failures[0]).lower(), failures[0]
-    assert list((tmp_path / "root").iterdir()) == []  # its files are gone all the same
-    check_storage_root(spark, str(tmp_path / "root"))  # and the session probes again
+    check_storage_root(spark, str(tmp_path / "root"))  # the session probes again
