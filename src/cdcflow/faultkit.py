@@ -151,10 +151,10 @@ def _apply_running(dest: Path) -> bool:
 
 def _event_write_moment(dest: Path, seconds: float) -> bool:
     """Wait (at most `seconds`) for the moment an event file or a batch manifest is being
-    written: a `.<name>.<random>.tmp` created in a `_manifests` folder or in an object's folder of
-    this minute or the one before (events go by their commit's minute). inotify says so at
-    once; a poll of the folders missed most such files, which live for a fraction of a
-    millisecond, and took about 3 s to find one."""
+    written: a `.<name>.<random>.tmp` created in a `_manifests` folder or in an object's
+    folder of this minute or the one before (events go by their commit's minute). inotify
+    says so at once; a poll of the folders missed most such files, which live for a
+    fraction of a millisecond, and took about 3 s to find one."""
     from inotify_simple import INotify, flags
 
     deadline = time.monotonic() + seconds

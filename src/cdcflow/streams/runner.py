@@ -414,7 +414,9 @@ class Runner:
         self.catalog.update_status(stream, **status)
 
     def _table_failed(self, stream: str, table: str, error: BaseException) -> None:
-        self.catalog.record_error(stream, table, f"apply failed: {described(error)}")
+        prefix = "apply failed: "
+        self.catalog.record_error(stream, table,
+                                  prefix + described(error, MESSAGE_LIMIT - len(prefix)))
 
     def _capture_died(self, stream: str, message: str) -> None:
         self.catalog.record_error(stream, "*", message)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.errors import Unavailable
+from cdcflow.spark.failure_text import described
 from cdcflow.spark.master import is_local
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.queries import QueryControl, stop_between_batches
@@ -135,7 +136,7 @@ def warm_standby(spark: Any, master: str) -> dict[str, Any]:
     try:
         return warm_up(spark)
     except Exception as error:  # best effort: the standby still takes over, only slower
-        return {"error": f"{type(error).__name__}: {error}"[:500]}
+        return {"error": described(error, 500)}
 
 
 class StandbyWarmUp:
