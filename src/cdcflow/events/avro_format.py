@@ -10,7 +10,9 @@ ARRAY<T> array of nullable T; every column is nullable.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
@@ -117,8 +119,10 @@ def _from_avro(value: Any, ctype: ColumnType) -> Any:
     return value
 
 
-def write_avro(out: IO[bytes], events: list[Event]) -> None:
-    """Write events of one object (one schema) as an Avro container file."""
+def write_avro(out: IO[bytes], events: list[Event], name: str | None = None) -> None:
+    """Write events of one object (one schema) as an Avro container file. A file given its
+    `name` takes its sync marker from it, so the same events under the same name give the
+    same bytes (without one, the marker is random)."""
     if not events:
         raise InvalidArgument("an Avro event file needs at least one event")
     first = events[0]
@@ -144,7 +148,10 @@ def write_avro(out: IO[bytes], events: list[Event]) -> None:
                         for c in event.column_types},
         })
     column_types = json.dumps([c.to_dict() for c in first.column_types])
-    fastavro.writer(out, schema, records, metadata={_COLUMN_TYPES: column_types})
+    marker = (os.urandom(16) if name is None
+              else hashlib.blake2b(name.encode(), digest_size=16).digest())
+    fastavro.writer(out, schema, records, metadata={_COLUMN_TYPES: column_types},
+                    sync_marker=marker)
 
 
 def read_avro(source: IO[bytes]) -> Iterator[Event]:

@@ -98,7 +98,7 @@ class EventFileWriter:
                 suffix = "jsonl" if self.fmt == "json" else "avro"
                 name = f"batch-{self._key(batch_id)}-p{part:05d}-{index:04d}.{suffix}"
                 path = self.base / object_name / minute / name
-                data = self._encode(chunk)
+                data = self._encode(chunk, name)
                 _atomic_write(path, data)
                 files.append({"path": str(path.relative_to(self.base)), "events": len(chunk),
                               "sha256": hashlib.sha256(data).hexdigest()})
@@ -168,11 +168,12 @@ class EventFileWriter:
             size += len(line)
         return chunks
 
-    def _encode(self, chunk: list[tuple[Event, bytes]]) -> bytes:
+    def _encode(self, chunk: list[tuple[Event, bytes]], name: str) -> bytes:
+        """The bytes of a file: the same for the same events under the same name."""
         if self.fmt == "json":
             return b"".join(line for _, line in chunk)
         buffer = io.BytesIO()
-        write_avro(buffer, [event for event, _ in chunk])
+        write_avro(buffer, [event for event, _ in chunk], name)
         return buffer.getvalue()
 
 

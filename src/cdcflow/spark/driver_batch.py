@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,9 +27,9 @@ from cdcflow.store.changelog import open_log
 OFFSET_LOG_VERSION = "v1"
 
 
-def logged_offset(checkpoint: str | Path, batch_id: int) -> StreamOffset | None:
-    """The source's end offset of batch `batch_id` in Spark's offset log, or None when the
-    log does not hold it (or holds another source's, or another format's)."""
+def _offset_log_entry(checkpoint: str | Path, batch_id: int) -> list[str] | None:
+    """The lines of batch `batch_id`'s entry in Spark's offset log (version, metadata, one
+    source's offset), or None when there is none in the format this reads."""
     path = Path(checkpoint) / "offsets" / str(batch_id)
     try:
         lines = path.read_text().splitlines()
@@ -36,10 +37,35 @@ def logged_offset(checkpoint: str | Path, batch_id: int) -> StreamOffset | None:
         return None
     if len(lines) != 3 or lines[0] != OFFSET_LOG_VERSION:
         return None  # one source per query: version, metadata, the source's offset
+    return lines
+
+
+def logged_offset(checkpoint: str | Path, batch_id: int) -> StreamOffset | None:
+    """The source's end offset of batch `batch_id` in Spark's offset log, or None when the
+    log does not hold it (or holds another source's, or another format's)."""
+    lines = _offset_log_entry(checkpoint, batch_id)
+    if lines is None:
+        return None
     try:
         return StreamOffset.from_dict(json.loads(lines[2]))
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def logged_batch_time(checkpoint: str | Path, batch_id: int) -> datetime | None:
+    """When Spark planned batch `batch_id` (`batchTimestampMs` in its offset log entry), or
+    None when the log does not hold it. A restarted query runs a planned batch again with
+    the entry it logged, so every attempt at the batch sees the same time."""
+    lines = _offset_log_entry(checkpoint, batch_id)
+    if lines is None:
+        return None
+    try:
+        millis = json.loads(lines[1])["batchTimestampMs"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(millis, int) or isinstance(millis, bool) or millis <= 0:
+        return None
+    return from_micros(millis * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +90,10 @@ class DriverReader:
         log = open_log(self.options.database)
         live = log.partitions(self.options.stream, ending_after=begin.timestamp + 1)
         return change_slices(self.options, live, begin.timestamp, end.timestamp)
+
+    def read_time(self, batch_id: int) -> datetime | None:
+        """The batch's read time, the same in every attempt at it (`logged_batch_time`)."""
+        return logged_batch_time(self.checkpoint, batch_id)
 
     def read(self, batch_id: int) -> list[pa.RecordBatch] | int | None:
         """The batch's mods (the columns of the frame); or how many mods it has when that

@@ -92,11 +92,12 @@ def _out(kind: str, **values: Any) -> dict[str, Any]:
 
 
 def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.RecordBatch],
-                      write_tables: bool = True, write_events: bool = True
-                      ) -> Iterator[pa.RecordBatch]:
+                      write_tables: bool = True, write_events: bool = True,
+                      read_at: datetime | None = None) -> Iterator[pa.RecordBatch]:
     """Executor side: fold, write pending files and event files (those of the destinations
-    not yet committed for this batch), describe what was written. The batch's objects form
-    no cycles: the cyclic collector is paused meanwhile (`cdcflow.model.collector`)."""
+    not yet committed for this batch), describe what was written. The events' read time is
+    `read_at` (None: now). The batch's objects form no cycles: the cyclic collector is
+    paused meanwhile (`cdcflow.model.collector`)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -104,24 +105,26 @@ def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.Recor
     settle_task_heap()
     with collector_paused():
         out = _write_partition(plan, batch_id, part, [m for b in batches for m in batch_dicts(b)],
-                               write_tables, write_events)
+                               write_tables, write_events, read_at)
     if out:
         yield pa.RecordBatch.from_pylist(out)
 
 
 def _share_work(plan: BatchPlan, batch_id: int, write_tables: bool, write_events: bool,
-                share: int, shares: int, pieces: list[ChangeSlice],
+                read_at: datetime, share: int, shares: int, pieces: list[ChangeSlice],
                 owners: dict[str, int] | None) -> list[dict[str, Any]]:
     """Executor side of a keyed batch: the mods of one share of the keys, read from the
     pieces, folded and written as `process_partition` does (the share is the part)."""
     settle_task_heap()
     with collector_paused():
         mods = mods_of_share(pieces, share, shares, owners)
-        return _write_partition(plan, batch_id, share, mods, write_tables, write_events)
+        return _write_partition(plan, batch_id, share, mods, write_tables, write_events,
+                                read_at)
 
 
 def _write_partition(plan: BatchPlan, batch_id: int, part: int, rows: list[dict[str, Any]],
-                     write_tables: bool, write_events: bool) -> list[dict[str, Any]]:
+                     write_tables: bool, write_events: bool, read_at: datetime | None
+                     ) -> list[dict[str, Any]]:
     mods = [m for m in rows if m["table_name"] in plan.objects]
     if not mods:
         return []
@@ -145,7 +148,7 @@ def _write_partition(plan: BatchPlan, batch_id: int, part: int, rows: list[dict[
                             added=fields_to_json(added)))
     writer = plan.writer()
     if writer is not None and write_events:
-        now = SYSTEM_CLOCK.now()
+        now = read_at or SYSTEM_CLOCK.now()
         events = [event_of_change(plan.stream, plan.source_label, change_of_row(mod), row, now)
                   for item in folded for mod, row in zip(item.mods, item.rows, strict=True)]
         files = writer.write_part(batch_id, part, events)
@@ -167,7 +170,12 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
 
     The event manifest commits before the tables: a replay after a crash between the two
     writes no events and folds the table rows again from the tables as they were before the
-    batch. (Tables first would fold the replay's events onto the rows after the batch.)"""
+    batch. (Tables first would fold the replay's events onto the rows after the batch.)
+
+    Every attempt at a batch writes the same event files, byte for byte: its events are read
+    at the time Spark logged for the batch (`DriverReader.read_time`), and Avro files take
+    their sync marker from their name. A writer its killed driver left running may still
+    replace a file after the manifest lists it, and the file must stay the one listed."""
     began = time.monotonic()
     logs = logs or PendingLogs()
     writer = plan.writer()
@@ -176,7 +184,8 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
     events_done = writer is None or writer.is_committed(batch_id)
     if cdc_done and events_done:
         return {"rows": 0, "seconds": 0.0, "last_micros": None}
-    written = _written(plan, frame, batch_id, not cdc_done, not events_done, driver)
+    read_at = (driver.read_time(batch_id) if driver is not None else None) or SYSTEM_CLOCK.now()
+    written = _written(plan, frame, batch_id, not cdc_done, not events_done, driver, read_at)
     if writer is not None and not events_done:
         files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
         writer.commit_batch(batch_id, files)
@@ -195,7 +204,8 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
 
 
 def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
-             write_events: bool, driver: DriverReader | None) -> list[dict[str, Any]]:
+             write_events: bool, driver: DriverReader | None, read_at: datetime
+             ) -> list[dict[str, Any]]:
     """Fold and write a batch; the descriptions of what was written. A small batch (at most
     `plan.driver_rows` mods) is done on the driver in one piece: every key's mods are in it
     (the fold orders them). It is read from the log by `driver` when it can, else by one
@@ -212,17 +222,18 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
         small = table.to_batches() if table.num_rows <= plan.driver_rows else None
     if isinstance(small, list):
         return [row for batch in process_partition(
-            plan, batch_id, iter(small), write_tables, write_events)
+            plan, batch_id, iter(small), write_tables, write_events, read_at)
             for row in batch.to_pylist()]
     shares = share_count(frame.sparkSession.sparkContext.defaultParallelism)
     if pieces is not None and shares is not None:  # no row through the JVM: `keyed_batch`
         return run_keyed(frame.sparkSession, pieces, shares,
-                         partial(_share_work, plan, batch_id, write_tables, write_events),
+                         partial(_share_work, plan, batch_id, write_tables, write_events,
+                                 read_at),
                          counts)
     # no sort within the partitions: the fold puts each key's mods in log order itself
     arranged = frame.repartition("table_name", "keys")
     return [r.asDict() for r in arranged.mapInArrow(
-        lambda it: process_partition(plan, batch_id, it, write_tables, write_events),
+        lambda it: process_partition(plan, batch_id, it, write_tables, write_events, read_at),
         OUT_SCHEMA).collect()]
 
 

@@ -18,7 +18,7 @@ from cdcflow.model.records import ColumnTypeInfo
 from cdcflow.model.source import SourceMetadata, lsn_number
 from cdcflow.model.timestamps import to_micros
 from cdcflow.model.types import ColumnType
-from cdcflow.spark.driver_batch import DriverReader, logged_offset
+from cdcflow.spark.driver_batch import DriverReader, logged_batch_time, logged_offset
 from cdcflow.spark.options import parse_options
 from cdcflow.spark.pipeline import BatchPlan, EventsPlan, start_query
 from cdcflow.store.changelog import ChangeLog
@@ -177,6 +177,11 @@ def run_into(spark, tmp_path: Path, log_path: Path, name: str, driver_rows: int
     assert query.exception() is None
     rows = {r["id"]: r for r in CdcTable.open(table.root).to_arrow().to_pylist()}
     files = EventFileWriter(tmp_path / name / "events", "s").committed_files()
+    for file in files:  # read when Spark planned the batch: the same in every attempt at it
+        planned = logged_batch_time(tmp_path / name / "ckpt", int(file.name.split("-")[1]))
+        assert planned is not None
+        assert {e["read_timestamp"] for e in read_json_events(file)} == {
+            planned.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"}
     events = [{k: v for k, v in e.items() if k != "read_timestamp"}
               for f in files for e in read_json_events(f)]
     return rows, sorted(events, key=lambda e: e["uuid"])

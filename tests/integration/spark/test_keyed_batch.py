@@ -4,7 +4,8 @@ write the same CDC tables and the same events as Spark's repartition of the batc
 Two batches of a log with partial updates and deletes (OLD_AND_NEW_VALUES: a key's first
 UPDATE in the second batch is folded onto its row from the first), over partitions split and
 merged meanwhile, go through `run_batch` three ways: repartitioned, in 2 shares (local[2])
-and in 3; the tables equal the source, and the events are the same but for their read time.
+and in 3; the tables equal the source, and the events are the same, read times too: each
+batch's events are read at the time its offset log entry holds, whichever way runs it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from cdcflow.table.pending import PendingLogs
 from cdcflow.testing import WORKLOAD_DDL, run_mixed_writer, run_partition_churn, run_writer
 
 pytestmark = pytest.mark.integration
+PLANNED_MS = 1_764_000_000_000
+"""Batch N's offset log entry says Spark planned it at PLANNED_MS + N."""
 POLICY = PartitionPolicy(split_records=60, max_partitions=6, merge_min_age_seconds=0.3,
                          merge_max_records_per_second=40.0, check_interval_seconds=0.1)
 
@@ -71,7 +74,8 @@ def write_offsets(checkpoint: Path, bounds: list[int]) -> None:
     (checkpoint / "offsets").mkdir(parents=True)
     for batch_id, micros in enumerate(bounds):
         (checkpoint / "offsets" / str(batch_id)).write_text("\n".join(
-            ["v1", "{}", json.dumps(StreamOffset(micros, ()).to_dict())]))
+            ["v1", json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": PLANNED_MS + batch_id}),
+             json.dumps(StreamOffset(micros, ()).to_dict())]))
 
 
 def run_two_batches(spark: Any, db: Database, path: str, folder: Path,
@@ -105,9 +109,7 @@ def events(folder: Path) -> list[dict[str, Any]]:
     found = []
     for file in EventFileWriter(str(folder / "events"), "keyed").committed_files():
         for line in file.read_text().splitlines():
-            event = json.loads(line)
-            event.pop("read_timestamp")
-            found.append(event)
+            found.append(json.loads(line))
     return sorted(found, key=lambda e: e["uuid"])
 
 
@@ -146,6 +148,9 @@ def test_shares_write_what_the_repartition_writes(spark, tmp_path: Path, monkeyp
         for way in ways:
             assert table_rows(tmp_path / way.replace(" ", "-"), name) == source, (way, name)
     expected = events(tmp_path / "repartitioned")
+    logged = {from_micros((PLANNED_MS + b) * 1000).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+              for b in (1, 2)}
+    assert {e["read_timestamp"] for e in expected} == logged
     assert len(expected) == len(log_mods(path, tmp_path / "repartitioned" / "checkpoint"))
     for way in list(ways)[1:]:
         assert events(tmp_path / way.replace(" ", "-")) == expected, way

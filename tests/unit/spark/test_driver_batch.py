@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cdcflow.spark.driver_batch import DriverReader, logged_offset
+from cdcflow.model.timestamps import from_micros
+from cdcflow.spark.driver_batch import DriverReader, logged_batch_time, logged_offset
 from cdcflow.spark.offsets import StreamOffset
 from cdcflow.spark.options import parse_options
 
@@ -38,6 +39,28 @@ def test_an_offset_spark_logged_is_read_back(tmp_path: Path):
 def test_an_offset_log_it_cannot_take_gives_none(tmp_path: Path, lines: list[str]):
     write_offset_log(tmp_path, 0, lines)
     assert logged_offset(tmp_path, 0) is None
+
+
+def test_the_batch_time_spark_logged_is_read_back(tmp_path: Path):
+    """The read time of every attempt at a batch: `batchTimestampMs` of its entry."""
+    metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 1_764_000_000_123,
+                "conf": {"spark.sql.shuffle.partitions": "2"}}
+    write_offset_log(tmp_path, 4, ["v1", json.dumps(metadata), json.dumps(OFFSET.to_dict())])
+    assert logged_batch_time(tmp_path, 4) == from_micros(1_764_000_000_123_000)
+    options = parse_options({"database": str(tmp_path / "x.db"), "stream": "s"})
+    assert DriverReader(str(tmp_path), options, limit=0).read_time(4) == \
+        from_micros(1_764_000_000_123_000)
+
+
+@pytest.mark.parametrize("metadata", [
+    "{}", "not json", "[]", json.dumps({"batchTimestampMs": "1764000000123"}),
+    json.dumps({"batchTimestampMs": 0}), json.dumps({"batchTimestampMs": True}),
+    json.dumps({"batchTimestampMs": 1.5e12}),
+])
+def test_a_batch_time_it_cannot_take_gives_none(tmp_path: Path, metadata: str):
+    write_offset_log(tmp_path, 0, ["v1", metadata, json.dumps(OFFSET.to_dict())])
+    assert logged_batch_time(tmp_path, 0) is None
+    assert logged_batch_time(tmp_path, 1) is None  # no entry at all
 
 
 def test_a_missing_offset_gives_none(tmp_path: Path):
