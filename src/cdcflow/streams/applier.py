@@ -1,7 +1,11 @@
 """The runner's apply jobs (AP-5): every table of a running stream is applied at least every
 `max_staleness / 2` (every 10 s without one), in one background thread, so pending changes
 stay bounded, reads inside the staleness are cheap, the apply watermark moves and tombstones
-expire. Each stream's status shows, per table, its apply watermark and pending rows."""
+expire. Each stream's status shows, per table, its apply watermark and pending rows.
+
+Every `VACUUM_EVERY_SECONDS` (and at a table's first apply in the runner) a table is vacuumed
+after its apply: the files no version within its file_retention names are deleted
+(`cdcflow.table.vacuum`), so its folder does not grow with every apply."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from cdcflow.clock import Clock
 from cdcflow.model.timestamps import format_rfc3339, to_micros
 from cdcflow.table import CdcTable
 
+VACUUM_EVERY_SECONDS = 600.0
+
 
 @dataclass(slots=True)
 class _Due:
@@ -22,6 +28,7 @@ class _Due:
     tables: dict[str, str]
     every_seconds: float
     last: dict[str, int]
+    vacuumed: dict[str, int]
 
 
 class Applier:
@@ -38,7 +45,7 @@ class Applier:
     def watch(self, stream: str, tables: dict[str, str], every_seconds: float) -> None:
         with self._lock:
             if stream not in self._streams:
-                self._streams[stream] = _Due(stream, dict(tables), every_seconds, {})
+                self._streams[stream] = _Due(stream, dict(tables), every_seconds, {}, {})
 
     def forget(self, stream: str) -> None:
         with self._lock:
@@ -75,7 +82,7 @@ class Applier:
         for name, root in item.tables.items():
             if force or now - item.last.get(name, 0) >= item.every_seconds * 1e6:
                 try:
-                    CdcTable.open(root, clock=self.clock).apply()
+                    self._apply(item, name, root, now)
                 except Exception as error:  # a failing table must not stop the others
                     traceback.print_exc()
                     self.on_error(stream, name, error)
@@ -83,6 +90,15 @@ class Applier:
                 applied = True
         if applied:
             self.report(stream, table_status(item.tables, self.clock))
+
+    def _apply(self, item: _Due, name: str, root: str, now: int) -> None:
+        """Apply one table, then vacuum it when its last vacuum is VACUUM_EVERY_SECONDS
+        old."""
+        table = CdcTable.open(root, clock=self.clock)
+        table.apply()
+        if now - item.vacuumed.get(name, 0) >= VACUUM_EVERY_SECONDS * 1e6:
+            item.vacuumed[name] = now
+            table.vacuum()
 
 
 def table_status(tables: dict[str, str], clock: Clock) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from cdcflow.streams.definition import StreamDefinition as Definition
 from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type
+from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
 
 DEFAULT_APPLY_SECONDS = 10.0
 """How often the runner applies a table that has no max_staleness."""
@@ -76,10 +77,12 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
     if destination is None:
         state = Path(definition.spark.storage_root or home) / "state"
         folder, staleness, retention = state / definition.name, None, 2 * 86_400.0
+        files_kept = MIN_FILE_RETENTION_SECONDS
     else:
         folder = Path(destination.warehouse)
         staleness, retention = (destination.max_staleness_seconds,
                                 destination.delete_retention_seconds)
+        files_kept = destination.file_retention_seconds
     roots = {}
     for item in objects:
         if not item.primary_key:
@@ -87,7 +90,8 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
         table = CdcTable.ensure(
             folder / item.name, table_schema(item), list(item.primary_key),
             max_staleness=None if staleness is None else timedelta(seconds=staleness),
-            delete_retention=timedelta(seconds=retention))
+            delete_retention=timedelta(seconds=retention),
+            file_retention=timedelta(seconds=files_kept))
         roots[item.name] = str(table.root.resolve())
     return roots
 

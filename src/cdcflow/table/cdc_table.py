@@ -38,8 +38,14 @@ from cdcflow.table.arrow_types import check_schema, schema_from_ddl
 from cdcflow.table.delta_log import supports_vectors
 from cdcflow.table.layout import conform, read_data, read_file
 from cdcflow.table.merge import key_array
-from cdcflow.table.metadata import TableOptions, load_options, save_options
+from cdcflow.table.metadata import (
+    MIN_FILE_RETENTION_SECONDS,
+    TableOptions,
+    load_options,
+    save_options,
+)
 from cdcflow.table.snapshots import newest, newest_manifest
+from cdcflow.table.vacuum import Vacuumed, vacuum
 
 
 class CdcTable:
@@ -62,6 +68,7 @@ class CdcTable:
         target_file_rows: int = 250_000,
         clock: Clock | None = None,
         deletion_vectors: bool = False,
+        file_retention: timedelta = timedelta(seconds=MIN_FILE_RETENTION_SECONDS),
     ) -> CdcTable:
         root = Path(path)
         arrow = schema_from_ddl(schema) if isinstance(schema, str) else schema
@@ -70,7 +77,7 @@ class CdcTable:
             raise AlreadyExists(f"a table exists already at {root}")
         options = TableOptions(tuple(primary_key), None, 0.0, target_file_rows).altered(
             max_staleness=max_staleness, delete_retention=delete_retention,
-            deletion_vectors=deletion_vectors)
+            deletion_vectors=deletion_vectors, file_retention=file_retention)
         DeltaTable.create(str(root), arrow)
         pending.create_pending(root, arrow)
         save_options(root, options)
@@ -148,6 +155,16 @@ class CdcTable:
                               self._retention(), merge_on_read=self._options.deletion_vectors)
             return commit_apply(self.root, plan, self.primary_key,
                                 self._options.target_file_rows, watermark, started, self.clock)
+
+    def vacuum(self, retention: timedelta | None = None, enforce_retention: bool = True
+               ) -> Vacuumed:
+        """Delete the files that no version in use within `retention` (the table's
+        file_retention by default) names: replaced ranges, applied pending files, leftovers
+        of killed writers (`cdcflow.table.vacuum`)."""
+        if retention is None:
+            self._options = load_options(self.root)
+            retention = timedelta(seconds=self._options.file_retention_seconds)
+        return vacuum(self.root, retention, self.clock, enforce_retention)
 
     def _retention(self) -> int:
         return int(self._options.delete_retention_seconds * 1_000_000)

@@ -1,5 +1,5 @@
-"""Table options (primary key, max_staleness, delete retention, file size, deletion vectors) in
-`<root>/_cdcflow/table.json`, written atomically."""
+"""Table options (primary key, max_staleness, delete retention, file size, deletion vectors,
+file retention) in `<root>/_cdcflow/table.json`, written atomically."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from typing import Any
 
 from cdcflow.errors import InvalidArgument, NotFound
 
+MIN_FILE_RETENTION_SECONDS = 3600.0
+"""The shortest time a file no version uses any more is kept (`cdcflow.table.vacuum`), and the
+default: readers and batches must never take longer."""
+
 
 @dataclass(frozen=True, slots=True)
 class TableOptions:
@@ -20,6 +24,7 @@ class TableOptions:
     delete_retention_seconds: float
     target_file_rows: int
     deletion_vectors: bool = False
+    file_retention_seconds: float = MIN_FILE_RETENTION_SECONDS
 
     def validated(self) -> TableOptions:
         if self.max_staleness_seconds is not None and self.max_staleness_seconds <= 0:
@@ -33,6 +38,11 @@ class TableOptions:
         if not isinstance(self.deletion_vectors, bool):
             raise InvalidArgument(
                 f"deletion_vectors {self.deletion_vectors!r} must be True or False")
+        if not self.file_retention_seconds >= MIN_FILE_RETENTION_SECONDS:
+            raise InvalidArgument(
+                f"file_retention {timedelta(seconds=self.file_retention_seconds)} must be at "
+                f"least {timedelta(seconds=MIN_FILE_RETENTION_SECONDS)}: a read or a batch that "
+                "takes longer would lose its files")
         return self
 
     def public(self) -> dict[str, Any]:
@@ -44,6 +54,7 @@ class TableOptions:
             "delete_retention": timedelta(seconds=self.delete_retention_seconds),
             "target_file_rows": self.target_file_rows,
             "deletion_vectors": self.deletion_vectors,
+            "file_retention": timedelta(seconds=self.file_retention_seconds),
         }
 
     def altered(self, **changes: Any) -> TableOptions:
@@ -57,10 +68,12 @@ class TableOptions:
                 values["target_file_rows"] = int(value)
             elif name == "deletion_vectors":
                 values["deletion_vectors"] = value
+            elif name == "file_retention":
+                values["file_retention_seconds"] = _seconds(value)
             else:
                 raise InvalidArgument(
                     f"option {name!r} cannot be altered; use max_staleness, delete_retention, "
-                    "target_file_rows or deletion_vectors"
+                    "target_file_rows, deletion_vectors or file_retention"
                 )
         return replace(self, **values).validated()
 
@@ -94,4 +107,5 @@ def load_options(root: str | Path) -> TableOptions:
         data["delete_retention_seconds"],
         data["target_file_rows"],
         data.get("deletion_vectors", False),
+        data.get("file_retention_seconds", MIN_FILE_RETENTION_SECONDS),
     )

@@ -1,0 +1,170 @@
+"""Reclaiming a CDC table's storage: deleting the files that no version still in use names.
+
+An apply writes the ranges it touches under new names, and one Delta commit swaps them in; the
+files they replace stay on disk, and so do the pending files it applied. So do the files of an
+apply, or of a batch, killed before its commit, and the write-aside files of killed writers.
+Without a vacuum a streamed table's folder grows with every apply: a range is rewritten every
+few seconds.
+
+`vacuum` deletes a file of the table's folders (`data/`, `_cdcflow/state/`, `dv/`, the pending
+table's folder, and write-aside files in the Delta logs) when all of these hold:
+- no manifest that was current at any time within the retention names it: a data, state,
+  deletion-vector or patch file of a range; nor, for a pending file, lists it as applied in a
+  commit within the retention (it was dropped from the pending table just after);
+- the newest versions of the table and of its pending table do not list it;
+- it was last modified before the retention began (a file written for a commit still to come).
+
+A reader holds a version for as long as it reads, so the retention must be longer than the
+longest read, and than the longest time a batch takes from writing its pending files to
+committing them: at least `MIN_RETENTION` unless the caller says otherwise. A vacuum runs
+under the apply lock, so no apply commits meanwhile; killed, it has deleted only files nothing
+uses, and the next one deletes the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from cdcflow.clock import Clock
+from cdcflow.errors import InvalidArgument
+from cdcflow.model.timestamps import to_micros
+from cdcflow.table.apply import JOB, apply_lock
+from cdcflow.table.layout import MANIFEST, FileEntry
+from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
+from cdcflow.table.pending import pending_path
+from cdcflow.table.snapshots import newest
+
+MIN_RETENTION = timedelta(seconds=MIN_FILE_RETENTION_SECONDS)
+HISTORY_PAGE = 100
+"""Commits read at first when looking back over the retention (more if it needs more)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Vacuumed:
+    """What a vacuum deleted: the files (relative to the table's root) and their bytes."""
+
+    files: tuple[str, ...]
+    bytes: int
+
+
+def vacuum(root: Path, retention: timedelta, clock: Clock,
+           enforce_retention: bool = True) -> Vacuumed:
+    """Delete the files of the table at `root` that no version in use within `retention`
+    names (see the module's docstring)."""
+    if enforce_retention and retention < MIN_RETENTION:
+        raise InvalidArgument(
+            f"file retention {retention} is shorter than {MIN_RETENTION}: a read or a batch "
+            "that takes longer could lose its files (enforce_retention=False to allow it)")
+    if retention < timedelta(0):
+        raise InvalidArgument(f"file retention {retention} must not be negative")
+    with apply_lock(root):
+        cutoff_ms = (to_micros(clock.now()) - int(retention.total_seconds() * 1e6)) // 1000
+        kept = _in_use(root, cutoff_ms)
+        deleted, size = [], 0
+        for path in _candidates(root):
+            name = path.relative_to(root).as_posix()
+            try:
+                found = path.stat()
+            except FileNotFoundError:
+                continue
+            if name in kept or found.st_mtime_ns // 1_000_000 >= cutoff_ms:
+                continue
+            path.unlink(missing_ok=True)
+            deleted.append(name)
+            size += found.st_size
+    return Vacuumed(tuple(sorted(deleted)), size)
+
+
+def _in_use(root: Path, cutoff_ms: int) -> set[str]:
+    """The files, relative to `root`, that the versions in use within the retention name.
+    A pending file an apply lists as applied was dropped from the pending table just after
+    that apply's commit: it is in use only when that commit is within the retention."""
+    kept: set[str] = set()
+    pending = Path(pending_path(root)).relative_to(root).as_posix()
+    for manifest, committed_ms in _manifests_in_use(root, cutoff_ms):
+        for entry in manifest["files"]:
+            kept.update(_files_of(root, FileEntry.from_json(entry)))
+        if committed_ms > cutoff_ms:
+            kept.update(f"{pending}/{name}" for name in manifest["applied_pending"])
+    kept.update(_live(str(root)))
+    kept.update(f"{pending}/{name}" for name in _live(pending_path(root)))
+    return kept
+
+
+def _live(path: str) -> list[str]:
+    """The data files of a Delta table's newest version, relative to its folder."""
+    actions = newest(path).get_add_actions(flatten=True)
+    return [str(name) for name in pa.table(actions).column("path").to_pylist()]
+
+
+def _manifests_in_use(root: Path, cutoff_ms: int) -> Iterator[tuple[dict[str, Any], int]]:
+    """The manifests current at any time since `cutoff_ms`, with their commit times: the
+    newest ones back to the first committed at or before it (current at the cutoff)."""
+    limit = HISTORY_PAGE
+    while True:
+        history = newest(root).history(limit)
+        for commit in history:  # newest first
+            text = commit.get(MANIFEST)
+            if not text:
+                continue
+            committed_ms = _committed_ms(commit)
+            yield json.loads(text), committed_ms
+            if committed_ms <= cutoff_ms:
+                return
+        if len(history) < limit:
+            return  # the whole history read
+        limit *= 4  # (the manifests read again are named again: a set keeps them once)
+
+
+def _committed_ms(commit: dict[str, Any]) -> int:
+    """When a manifest's commit was made, by the clock of the job that made it (the job's
+    end); by Delta's commit time for a commit without one."""
+    try:
+        return int(float(json.loads(commit[JOB])["ended"]) * 1000)
+    except (KeyError, TypeError, ValueError):
+        return int(commit["timestamp"])
+
+
+def _files_of(root: Path, entry: FileEntry) -> Iterator[str]:
+    yield entry.data
+    yield entry.state
+    if entry.vector is not None:
+        yield entry.vector.file(root).relative_to(root).as_posix()
+    if entry.patch is not None:
+        if entry.patch.data:
+            yield entry.patch.data
+        yield entry.patch.state
+
+
+def _candidates(root: Path) -> Iterator[Path]:
+    """Every file a vacuum may delete: the files of the data, state and deletion-vector
+    folders, the pending table's data files and write-aside files, and write-aside files in
+    the two Delta logs. (Delta logs, options and locks are never candidates.)"""
+    pending = Path(pending_path(root))
+    for folder in (root / "data", root / "_cdcflow" / "state", root / "dv", pending):
+        for path in _files_in(folder):
+            if folder != pending or path.suffix == ".parquet" or _aside(path):
+                yield path
+    for log in (root / "_delta_log", pending / "_delta_log"):
+        yield from (path for path in _files_in(log) if _aside(path))
+
+
+def _files_in(folder: Path) -> Iterator[Path]:
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    yield from (Path(e.path) for e in entries if e.is_file(follow_symlinks=False))
+
+
+def _aside(path: Path) -> bool:
+    """A file cdcflow writes aside to rename into place (`.<name>.tmp`, `.<uuid>.json.tmp`)."""
+    return path.name.startswith(".") and path.name.endswith(".tmp")
