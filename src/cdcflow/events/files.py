@@ -88,15 +88,20 @@ class EventFileWriter:
     def is_committed(self, batch_id: int | str) -> bool:
         return self.manifest_path(batch_id).exists()
 
-    def write_part(self, batch_id: int | str, part: int,
-                   events: Iterable[Event]) -> list[dict[str, Any]]:
+    def write_part(self, batch_id: int | str, part: int, events: Iterable[Event],
+                   layout: str = "") -> list[dict[str, Any]]:
         """Write one part of a batch (e.g. one Spark partition) under names derived from the
-        batch and part, so a replay rewrites the same files. Commit with `commit_batch`."""
+        batch, the `layout` of its parts (how the batch was cut into parts) and the part, so
+        a replay laid out alike rewrites the same files with the same events, and one laid
+        out otherwise writes other files. Commit with `commit_batch`."""
+        if layout and not layout.isalnum():
+            raise InvalidArgument(f"part layout {layout!r} must be letters and digits")
         files: list[dict[str, Any]] = []
+        cut = f"{layout}-" if layout else ""
         for (object_name, minute), group in sorted(self._groups(events).items()):
             for index, chunk in enumerate(self._rotate(group)):
                 suffix = "jsonl" if self.fmt == "json" else "avro"
-                name = f"batch-{self._key(batch_id)}-p{part:05d}-{index:04d}.{suffix}"
+                name = f"batch-{self._key(batch_id)}-{cut}p{part:05d}-{index:04d}.{suffix}"
                 path = self.base / object_name / minute / name
                 data = self._encode(chunk, name)
                 _atomic_write(path, data)

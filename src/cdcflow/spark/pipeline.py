@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -91,39 +91,48 @@ def _out(kind: str, **values: Any) -> dict[str, Any]:
             "events": 0, "last_micros": 0, "added": fields_to_json([])} | values
 
 
-def process_partition(plan: BatchPlan, batch_id: int, batches: Iterator[pa.RecordBatch],
-                      write_tables: bool = True, write_events: bool = True,
-                      read_at: datetime | None = None) -> Iterator[pa.RecordBatch]:
+@dataclass(frozen=True, slots=True)
+class BatchWork:
+    """What every task of one attempt at a batch shares: the batch, which destinations it
+    still writes, its events' read time (None: now) and the layout of its parts, named in
+    the event files (`EventFileWriter.write_part`): "driver", "keyed<shares>" or
+    "hashed<partitions>". Two attempts laid out alike write the same parts."""
+
+    batch_id: int
+    write_tables: bool = True
+    write_events: bool = True
+    read_at: datetime | None = None
+    layout: str = ""
+
+
+def process_partition(plan: BatchPlan, work: BatchWork, batches: Iterator[pa.RecordBatch]
+                      ) -> Iterator[pa.RecordBatch]:
     """Executor side: fold, write pending files and event files (those of the destinations
-    not yet committed for this batch), describe what was written. The events' read time is
-    `read_at` (None: now). The batch's objects form no cycles: the cyclic collector is
-    paused meanwhile (`cdcflow.model.collector`)."""
+    not yet committed for this batch), describe what was written. The batch's objects form
+    no cycles: the cyclic collector is paused meanwhile (`cdcflow.model.collector`)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     part = context.partitionId() if context is not None else 0
     settle_task_heap()
     with collector_paused():
-        out = _write_partition(plan, batch_id, part, [m for b in batches for m in batch_dicts(b)],
-                               write_tables, write_events, read_at)
+        out = _write_partition(plan, work, part, [m for b in batches for m in batch_dicts(b)])
     if out:
         yield pa.RecordBatch.from_pylist(out)
 
 
-def _share_work(plan: BatchPlan, batch_id: int, write_tables: bool, write_events: bool,
-                read_at: datetime, share: int, shares: int, pieces: list[ChangeSlice],
-                owners: dict[str, int] | None) -> list[dict[str, Any]]:
+def _share_work(plan: BatchPlan, work: BatchWork, share: int, shares: int,
+                pieces: list[ChangeSlice], owners: dict[str, int] | None
+                ) -> list[dict[str, Any]]:
     """Executor side of a keyed batch: the mods of one share of the keys, read from the
     pieces, folded and written as `process_partition` does (the share is the part)."""
     settle_task_heap()
     with collector_paused():
         mods = mods_of_share(pieces, share, shares, owners)
-        return _write_partition(plan, batch_id, share, mods, write_tables, write_events,
-                                read_at)
+        return _write_partition(plan, work, share, mods)
 
 
-def _write_partition(plan: BatchPlan, batch_id: int, part: int, rows: list[dict[str, Any]],
-                     write_tables: bool, write_events: bool, read_at: datetime | None
+def _write_partition(plan: BatchPlan, work: BatchWork, part: int, rows: list[dict[str, Any]]
                      ) -> list[dict[str, Any]]:
     mods = [m for m in rows if m["table_name"] in plan.objects]
     if not mods:
@@ -140,18 +149,18 @@ def _write_partition(plan: BatchPlan, batch_id: int, part: int, rows: list[dict[
     stamp = ingest_stamp(SYSTEM_CLOCK)
     for name, table in tables.items():
         mine = [f for f in folded if f.table == name]
-        if write_tables and table is not None and mine and table.primary_key:
+        if work.write_tables and table is not None and mine and table.primary_key:
             added = added_fields(schemas[name], mine)
             described = write_pending_file(plan.tables[name], pending_rows(
                 table, schemas[name], mine, stamp, added))
             out.append(_out("cdc", **described, last_micros=last,
                             added=fields_to_json(added)))
     writer = plan.writer()
-    if writer is not None and write_events:
-        now = read_at or SYSTEM_CLOCK.now()
+    if writer is not None and work.write_events:
+        now = work.read_at or SYSTEM_CLOCK.now()
         events = [event_of_change(plan.stream, plan.source_label, change_of_row(mod), row, now)
                   for item in folded for mod, row in zip(item.mods, item.rows, strict=True)]
-        files = writer.write_part(batch_id, part, events)
+        files = writer.write_part(work.batch_id, part, events, work.layout)
         out.append(_out("events", files=json.dumps(files), events=len(events),
                         last_micros=last))
     out.append(_out("count", rows=len(mods), last_micros=last))
@@ -185,7 +194,8 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
     if cdc_done and events_done:
         return {"rows": 0, "seconds": 0.0, "last_micros": None}
     read_at = (driver.read_time(batch_id) if driver is not None else None) or SYSTEM_CLOCK.now()
-    written = _written(plan, frame, batch_id, not cdc_done, not events_done, driver, read_at)
+    written = _written(plan, frame, BatchWork(batch_id, not cdc_done, not events_done, read_at),
+                       driver)
     if writer is not None and not events_done:
         files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
         writer.commit_batch(batch_id, files)
@@ -203,8 +213,7 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
             "seconds": time.monotonic() - began, "last_micros": max(lasts) if lasts else None}
 
 
-def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
-             write_events: bool, driver: DriverReader | None, read_at: datetime
+def _written(plan: BatchPlan, frame: Any, work: BatchWork, driver: DriverReader | None
              ) -> list[dict[str, Any]]:
     """Fold and write a batch; the descriptions of what was written. A small batch (at most
     `plan.driver_rows` mods) is done on the driver in one piece: every key's mods are in it
@@ -213,7 +222,7 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
     counting its mods in the log, without reading it): in shares of the keys, each task
     reading the batch from the log itself (`keyed_batch`), or, with more task slots or no
     offsets logged, repartitioned by (table, keys)."""
-    pieces = driver.slices(batch_id) if driver is not None else None
+    pieces = driver.slices(work.batch_id) if driver is not None else None
     counting = driver if driver is not None and plan.driver_rows > 0 else None
     counts = counting.mod_counts(pieces) if counting is not None and pieces else None
     small = counting.read_slices(pieces, counts) if counting is not None else None
@@ -222,19 +231,19 @@ def _written(plan: BatchPlan, frame: Any, batch_id: int, write_tables: bool,
         small = table.to_batches() if table.num_rows <= plan.driver_rows else None
     if isinstance(small, list):
         return [row for batch in process_partition(
-            plan, batch_id, iter(small), write_tables, write_events, read_at)
-            for row in batch.to_pylist()]
+            plan, replace(work, layout="driver"), iter(small)) for row in batch.to_pylist()]
     shares = share_count(frame.sparkSession.sparkContext.defaultParallelism)
     if pieces is not None and shares is not None:  # no row through the JVM: `keyed_batch`
-        return run_keyed(frame.sparkSession, pieces, shares,
-                         partial(_share_work, plan, batch_id, write_tables, write_events,
-                                 read_at),
+        keyed = replace(work, layout=f"keyed{shares}")
+        return run_keyed(frame.sparkSession, pieces, shares, partial(_share_work, plan, keyed),
                          counts)
-    # no sort within the partitions: the fold puts each key's mods in log order itself
-    arranged = frame.repartition("table_name", "keys")
+    # as many partitions as the query's shuffles (kept in its checkpoint), named in the
+    # files; no sort within them: the fold puts each key's mods in log order itself
+    count = int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    hashed = replace(work, layout=f"hashed{count}")
+    arranged = frame.repartition(count, "table_name", "keys")
     return [r.asDict() for r in arranged.mapInArrow(
-        lambda it: process_partition(plan, batch_id, it, write_tables, write_events, read_at),
-        OUT_SCHEMA).collect()]
+        lambda it: process_partition(plan, hashed, it), OUT_SCHEMA).collect()]
 
 
 def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,

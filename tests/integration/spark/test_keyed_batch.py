@@ -147,6 +147,11 @@ def test_shares_write_what_the_repartition_writes(spark, tmp_path: Path, monkeyp
         assert source
         for way in ways:
             assert table_rows(tmp_path / way.replace(" ", "-"), name) == source, (way, name)
+    for way, (shares, _) in ways.items():  # each way's cut is in its files' names
+        files = EventFileWriter(str(tmp_path / way.replace(" ", "-") / "events"),
+                                "keyed").committed_files()
+        cuts = {f.name.split("-")[2] for f in files}
+        assert cuts == ({f"keyed{shares}"} if shares else {"hashed4"}), (way, cuts)
     expected = events(tmp_path / "repartitioned")
     logged = {from_micros((PLANNED_MS + b) * 1000).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
               for b in (1, 2)}

@@ -5,11 +5,13 @@ manifest lists it with its sha256, and the file read back must still be the one 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
 
 from cdcflow import Database
+from cdcflow.errors import InvalidArgument
 from cdcflow.events.files import EventFileWriter, Rotation
 from tests.unit.events.test_events import events_of
 
@@ -52,3 +54,28 @@ def test_an_avro_file_s_sync_marker_comes_from_its_name(db: Database, tmp_path: 
     assert markers[0] == markers[1]
     assert markers[0] != markers[2]
     assert len(writer.committed_parts()) == 0  # nothing listed until a manifest commits
+
+
+def test_a_part_s_name_tells_how_the_batch_was_cut(db: Database, tmp_path: Path):
+    """Part 1 of a batch cut in 2 shares holds other events than part 1 of one cut in 3: an
+    attempt laid out otherwise writes other files, never over the ones a manifest lists."""
+    events = some_events(db)
+    writer = EventFileWriter(tmp_path, "s", "json")
+    two = writer.write_part(5, 1, events[::2], "keyed2")
+    three = writer.write_part(5, 1, events[1::2], "keyed3")
+    assert [f["path"].split("/")[-1] for f in two] == [
+        "batch-000000000005-keyed2-p00001-0000.jsonl"]
+    assert {f["path"] for f in two}.isdisjoint(f["path"] for f in three)
+    for listed in two:
+        data = (tmp_path / "s" / listed["path"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == listed["sha256"]
+
+
+@pytest.mark.parametrize("layout", ["keyed-2", "../x", "k 2"])
+def test_a_layout_that_is_not_a_plain_word_is_refused(db: Database, tmp_path: Path,
+                                                     layout: str):
+    events = some_events(db)
+    with pytest.raises(InvalidArgument, match=f"part layout {re.escape(repr(layout))} must be "
+                                              "letters and digits"):
+        EventFileWriter(tmp_path / "events", "s", "json").write_part(5, 1, events, layout)
+    assert not (tmp_path / "events").exists()

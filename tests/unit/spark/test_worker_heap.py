@@ -102,7 +102,7 @@ def test_every_executor_entry_point_settles_the_heap_first(
         "read_snapshot": lambda: reading.read_snapshot(
             SnapshotSlice("none.db", "T", 1, 0, 1)),
         "process_partition": lambda: pipeline.process_partition(
-            None, 0, iter([])),  # type: ignore[arg-type]
+            None, pipeline.BatchWork(0), iter([])),  # type: ignore[arg-type]
         "sink": lambda: sink._partition_writer("none", pa.schema([]), ())(iter([])),
     }
     with pytest.raises(_Settled):
