@@ -35,7 +35,9 @@ class Applier:
     """Call `watch` for each running stream and `forget` when it stops; `start` the thread."""
 
     def __init__(self, clock: Clock, report: Callable[[str, dict[str, Any]], None],
-                 on_error: Callable[[str, str, BaseException], None]) -> None:
+                 on_error: Callable[..., None]) -> None:
+        """`on_error(stream, table, error)` for a failed apply; a failed vacuum adds
+        `job="vacuum"`."""
         self.clock, self.report, self.on_error = clock, report, on_error
         self._streams: dict[str, _Due] = {}
         self._lock = threading.Lock()
@@ -98,7 +100,11 @@ class Applier:
         table.apply()
         if now - item.vacuumed.get(name, 0) >= VACUUM_EVERY_SECONDS * 1e6:
             item.vacuumed[name] = now
-            table.vacuum()
+            try:
+                table.vacuum()
+            except Exception as error:  # the table is applied: only its space waits
+                traceback.print_exc()
+                self.on_error(item.stream, name, error, job="vacuum")
 
 
 def table_status(tables: dict[str, str], clock: Clock) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pydantic import (
 
 from cdcflow.errors import InvalidArgument
 from cdcflow.spark.master import standalone_addresses
-from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
+from cdcflow.table.metadata import MAX_FILE_RETENTION_SECONDS, MIN_FILE_RETENTION_SECONDS
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 MAX_SECONDS = 100 * 365 * 86_400
@@ -306,7 +306,8 @@ class CdcTableDestination(BaseModel):
     max_staleness_seconds: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     delete_retention_seconds: float = Field(default=2 * 86_400, ge=0, le=MAX_SECONDS)
     file_retention_seconds: float = Field(default=MIN_FILE_RETENTION_SECONDS,
-                                          ge=MIN_FILE_RETENTION_SECONDS, le=MAX_SECONDS)
+                                          ge=MIN_FILE_RETENTION_SECONDS,
+                                          le=MAX_FILE_RETENTION_SECONDS)
 
 
 class EventFilesDestination(BaseModel):

@@ -413,8 +413,9 @@ class Runner:
     def _report_tables(self, stream: str, status: dict[str, Any]) -> None:
         self.catalog.update_status(stream, **status)
 
-    def _table_failed(self, stream: str, table: str, error: BaseException) -> None:
-        prefix = "apply failed: "
+    def _table_failed(self, stream: str, table: str, error: BaseException,
+                      job: str = "apply") -> None:
+        prefix = f"{job} failed: "
         self.catalog.record_error(stream, table,
                                   prefix + described(error, MESSAGE_LIMIT - len(prefix)))
 

@@ -158,9 +158,8 @@ class CdcTable:
 
     def vacuum(self, retention: timedelta | None = None, enforce_retention: bool = True
                ) -> Vacuumed:
-        """Delete the files that no version in use within `retention` (the table's
-        file_retention by default) names: replaced ranges, applied pending files, leftovers
-        of killed writers (`cdcflow.table.vacuum`)."""
+        """Delete the files no version in use within `retention` (default: file_retention)
+        names (`cdcflow.table.vacuum`)."""
         if retention is None:
             self._options = load_options(self.root)
             retention = timedelta(seconds=self._options.file_retention_seconds)

@@ -15,6 +15,9 @@ from cdcflow.errors import InvalidArgument, NotFound
 MIN_FILE_RETENTION_SECONDS = 3600.0
 """The shortest time a file no version uses any more is kept (`cdcflow.table.vacuum`), and the
 default: readers and batches must never take longer."""
+MAX_FILE_RETENTION_SECONDS = 7 * 86_400.0
+"""The longest: a vacuum reads the versions of the whole retention in the table's Delta log,
+which delta-rs cleans of commits older than 30 days."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +41,13 @@ class TableOptions:
         if not isinstance(self.deletion_vectors, bool):
             raise InvalidArgument(
                 f"deletion_vectors {self.deletion_vectors!r} must be True or False")
-        if not self.file_retention_seconds >= MIN_FILE_RETENTION_SECONDS:
+        if not (MIN_FILE_RETENTION_SECONDS <= self.file_retention_seconds
+                <= MAX_FILE_RETENTION_SECONDS):
             raise InvalidArgument(
-                f"file_retention {timedelta(seconds=self.file_retention_seconds)} must be at "
-                f"least {timedelta(seconds=MIN_FILE_RETENTION_SECONDS)}: a read or a batch that "
-                "takes longer would lose its files")
+                f"file_retention {timedelta(seconds=self.file_retention_seconds)} must be from "
+                f"{timedelta(seconds=MIN_FILE_RETENTION_SECONDS)} (a read or a batch that takes "
+                f"longer would lose its files) to {timedelta(seconds=MAX_FILE_RETENTION_SECONDS)}"
+                " (the Delta log must still hold its versions)")
         return self
 
     def public(self) -> dict[str, Any]:

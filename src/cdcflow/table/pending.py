@@ -21,7 +21,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from cdcflow.clock import Clock
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import InvalidArgument, Unavailable
 from cdcflow.model.sequence import RULE, sort_key_of
 from cdcflow.model.timestamps import to_micros
 from cdcflow.table.append_checks import (
@@ -307,6 +307,18 @@ def write_pending_file(root: str, prepared: pa.Table) -> dict[str, Any]:
             "rows": prepared.num_rows}
 
 
+def _check_written(root: str, files: list[dict[str, Any]]) -> None:
+    """Every file to commit is there: one a vacuum deleted, its batch having taken longer
+    than the table's file retention (`cdcflow.table.vacuum`), would leave a commit that no
+    read can follow. Unavailable: the batch is run again, and writes its files anew."""
+    folder = Path(pending_path(root))
+    for described in files:
+        if not (folder / described["path"]).is_file():
+            raise Unavailable(
+                f"pending file {described['path']} of {root} is gone before its commit: a "
+                "batch must commit within the table's file_retention; it is to be run again")
+
+
 def commit_pending_files(root: str, files: list[dict[str, Any]], app_id: str | None,
                          batch_id: int | None, clock: Clock, logs: PendingLogs | None = None
                          ) -> bool:
@@ -317,6 +329,7 @@ def commit_pending_files(root: str, files: list[dict[str, Any]], app_id: str | N
     commit ("a concurrent transaction deleted data this operation read"), although adding new
     files reads nothing the apply removed. The commit is tried again on the new version, after
     the same check of (app_id, batch_id)."""
+    _check_written(root, files)
     transactions = ([Transaction(app_id, batch_id)]
                     if app_id is not None and batch_id is not None else None)
     now_ms = to_micros(clock.now()) // 1000

@@ -16,9 +16,11 @@ table's folder, and write-aside files in the Delta logs) when all of these hold:
 
 A reader holds a version for as long as it reads, so the retention must be longer than the
 longest read, and than the longest time a batch takes from writing its pending files to
-committing them: at least `MIN_RETENTION` unless the caller says otherwise. A vacuum runs
-under the apply lock, so no apply commits meanwhile; killed, it has deleted only files nothing
-uses, and the next one deletes the rest.
+committing them: at least `MIN_RETENTION` unless the caller says otherwise (a batch whose files
+are gone by its commit is refused and run again: `pending.commit_pending_files`). A vacuum
+takes no lock: a file written after it began is newer than its cutoff, and a file an apply
+replaces or drops while it runs was named by the versions it read. Killed, it has deleted
+only files nothing uses, and the next one deletes the rest.
 """
 
 from __future__ import annotations
@@ -34,15 +36,19 @@ from typing import Any
 import pyarrow as pa
 
 from cdcflow.clock import Clock
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import DataLoss, FailedPrecondition, InvalidArgument
 from cdcflow.model.timestamps import to_micros
-from cdcflow.table.apply import JOB, apply_lock
+from cdcflow.table.apply import JOB
 from cdcflow.table.layout import MANIFEST, FileEntry
 from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
 from cdcflow.table.pending import pending_path
 from cdcflow.table.snapshots import newest
 
 MIN_RETENTION = timedelta(seconds=MIN_FILE_RETENTION_SECONDS)
+COMMIT_SLACK_MS = 60_000
+"""A manifest's commit time is its job's end, taken just before the commit: it counts as
+superseded this much later (a tenth of a shorter retention), for the time the commit itself
+takes and for clocks that differ."""
 HISTORY_PAGE = 100
 """Commits read at first when looking back over the retention (more if it needs more)."""
 
@@ -65,28 +71,28 @@ def vacuum(root: Path, retention: timedelta, clock: Clock,
             "that takes longer could lose its files (enforce_retention=False to allow it)")
     if retention < timedelta(0):
         raise InvalidArgument(f"file retention {retention} must not be negative")
-    with apply_lock(root):
-        cutoff_ms = (to_micros(clock.now()) - int(retention.total_seconds() * 1e6)) // 1000
-        kept = _in_use(root, cutoff_ms)
-        deleted, size = [], 0
-        for path in _candidates(root):
-            name = path.relative_to(root).as_posix()
-            try:
-                found = path.stat()
-            except FileNotFoundError:
-                continue
-            if name in kept or found.st_mtime_ns // 1_000_000 >= cutoff_ms:
-                continue
-            path.unlink(missing_ok=True)
-            deleted.append(name)
-            size += found.st_size
+    retention_ms = int(retention.total_seconds() * 1000)
+    cutoff_ms = to_micros(clock.now()) // 1000 - retention_ms
+    kept = _in_use(root, cutoff_ms - min(COMMIT_SLACK_MS, retention_ms // 10))
+    deleted, size = [], 0
+    for path in _candidates(root):
+        name = path.relative_to(root).as_posix()
+        try:
+            found = path.stat()
+        except FileNotFoundError:
+            continue
+        if name in kept or found.st_mtime_ns // 1_000_000 >= cutoff_ms:
+            continue
+        path.unlink(missing_ok=True)
+        deleted.append(name)
+        size += found.st_size
     return Vacuumed(tuple(sorted(deleted)), size)
 
 
 def _in_use(root: Path, cutoff_ms: int) -> set[str]:
-    """The files, relative to `root`, that the versions in use within the retention name.
-    A pending file an apply lists as applied was dropped from the pending table just after
-    that apply's commit: it is in use only when that commit is within the retention."""
+    """The files, relative to `root`, that the versions in use since `cutoff_ms` name. A
+    pending file an apply lists as applied was dropped from the pending table just after
+    that apply's commit: it is in use only when that commit is after the cutoff."""
     kept: set[str] = set()
     pending = Path(pending_path(root)).relative_to(root).as_posix()
     for manifest, committed_ms in _manifests_in_use(root, cutoff_ms):
@@ -99,38 +105,49 @@ def _in_use(root: Path, cutoff_ms: int) -> set[str]:
     return kept
 
 
-def _live(path: str) -> list[str]:
-    """The data files of a Delta table's newest version, relative to its folder."""
-    actions = newest(path).get_add_actions(flatten=True)
-    return [str(name) for name in pa.table(actions).column("path").to_pylist()]
-
-
 def _manifests_in_use(root: Path, cutoff_ms: int) -> Iterator[tuple[dict[str, Any], int]]:
     """The manifests current at any time since `cutoff_ms`, with their commit times: the
-    newest ones back to the first committed at or before it (current at the cutoff)."""
+    newest ones back to the first committed at or before it (current at the cutoff). A log
+    cleaned up past that point cannot tell which files the older ones named:
+    FailedPrecondition."""
     limit = HISTORY_PAGE
     while True:
         history = newest(root).history(limit)
         for commit in history:  # newest first
-            text = commit.get(MANIFEST)
-            if not text:
+            if not commit.get(MANIFEST):
                 continue
-            committed_ms = _committed_ms(commit)
-            yield json.loads(text), committed_ms
+            manifest, committed_ms = _manifest_of(root, commit)
+            yield manifest, committed_ms
             if committed_ms <= cutoff_ms:
                 return
-        if len(history) < limit:
-            return  # the whole history read
+        if len(history) < limit:  # the whole history read
+            if history and int(history[-1].get("version", 0)) > 0:
+                raise FailedPrecondition(
+                    f"the Delta log of {root} begins at version {history[-1]['version']}, "
+                    "after the file retention began: it no longer tells which files the "
+                    "versions in use named; nothing was deleted")
+            return
         limit *= 4  # (the manifests read again are named again: a set keeps them once)
 
 
-def _committed_ms(commit: dict[str, Any]) -> int:
-    """When a manifest's commit was made, by the clock of the job that made it (the job's
-    end); by Delta's commit time for a commit without one."""
+def _manifest_of(root: Path, commit: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """A commit's manifest, and when it was made by the clock of the job that made it (the
+    job's end); by Delta's commit time for a commit without one."""
     try:
-        return int(float(json.loads(commit[JOB])["ended"]) * 1000)
-    except (KeyError, TypeError, ValueError):
-        return int(commit["timestamp"])
+        manifest: dict[str, Any] = json.loads(commit[MANIFEST])
+        job = json.loads(commit.get(JOB) or "{}")
+        committed = job["ended"] * 1000 if "ended" in job else commit["timestamp"]
+        return manifest, int(committed)
+    except (KeyError, TypeError, ValueError) as error:
+        raise DataLoss(f"the manifest of version {commit.get('version')} of {root} is "
+                       f"damaged ({type(error).__name__}: {error}); nothing was deleted"
+                       ) from None
+
+
+def _live(path: str) -> list[str]:
+    """The data files of a Delta table's newest version, relative to its folder."""
+    actions = newest(path).get_add_actions(flatten=True)
+    return [str(name) for name in pa.table(actions).column("path").to_pylist()]
 
 
 def _files_of(root: Path, entry: FileEntry) -> Iterator[str]:

