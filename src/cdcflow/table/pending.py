@@ -308,15 +308,19 @@ def write_pending_file(root: str, prepared: pa.Table) -> dict[str, Any]:
 
 
 def _check_written(root: str, files: list[dict[str, Any]]) -> None:
-    """Every file to commit is there: one a vacuum deleted, its batch having taken longer
-    than the table's file retention (`cdcflow.table.vacuum`), would leave a commit that no
-    read can follow. Unavailable: the batch is run again, and writes its files anew."""
+    """Every file to commit is there, and newer than any vacuum's cutoff from now on (its
+    time is set to now): one a vacuum deleted, its batch having taken longer than the
+    table's file retention (`cdcflow.table.vacuum`), would leave a commit that no read can
+    follow. Unavailable: the batch is to be run again, and writes its files anew."""
     folder = Path(pending_path(root))
     for described in files:
-        if not (folder / described["path"]).is_file():
+        try:
+            os.utime(folder / described["path"])
+        except FileNotFoundError:
             raise Unavailable(
                 f"pending file {described['path']} of {root} is gone before its commit: a "
-                "batch must commit within the table's file_retention; it is to be run again")
+                "batch must commit within the table's file_retention; it is to be run again"
+            ) from None
 
 
 def commit_pending_files(root: str, files: list[dict[str, Any]], app_id: str | None,

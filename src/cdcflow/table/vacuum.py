@@ -19,7 +19,9 @@ longest read, and than the longest time a batch takes from writing its pending f
 committing them: at least `MIN_RETENTION` unless the caller says otherwise (a batch whose files
 are gone by its commit is refused and run again: `pending.commit_pending_files`). A vacuum
 takes no lock: a file written after it began is newer than its cutoff, and a file an apply
-replaces or drops while it runs was named by the versions it read. Killed, it has deleted
+replaces or drops while it runs was named by the versions it read (the live files are
+read before the manifests: an apply lists the pending files it drops in its manifest
+first). Killed, it has deleted
 only files nothing uses, and the next one deletes the rest.
 """
 
@@ -93,15 +95,15 @@ def _in_use(root: Path, cutoff_ms: int) -> set[str]:
     """The files, relative to `root`, that the versions in use since `cutoff_ms` name. A
     pending file an apply lists as applied was dropped from the pending table just after
     that apply's commit: it is in use only when that commit is after the cutoff."""
-    kept: set[str] = set()
     pending = Path(pending_path(root)).relative_to(root).as_posix()
+    # the live files first: an apply that commits meanwhile lists what it drops as applied
+    kept = {f"{pending}/{name}" for name in _live(pending_path(root))}
+    kept.update(_live(str(root)))
     for manifest, committed_ms in _manifests_in_use(root, cutoff_ms):
         for entry in manifest["files"]:
             kept.update(_files_of(root, FileEntry.from_json(entry)))
         if committed_ms > cutoff_ms:
             kept.update(f"{pending}/{name}" for name in manifest["applied_pending"])
-    kept.update(_live(str(root)))
-    kept.update(f"{pending}/{name}" for name in _live(pending_path(root)))
     return kept
 
 
@@ -110,10 +112,14 @@ def _manifests_in_use(root: Path, cutoff_ms: int) -> Iterator[tuple[dict[str, An
     newest ones back to the first committed at or before it (current at the cutoff). A log
     cleaned up past that point cannot tell which files the older ones named:
     FailedPrecondition."""
-    limit = HISTORY_PAGE
+    limit, older_than = HISTORY_PAGE, None
     while True:
         history = newest(root).history(limit)
         for commit in history:  # newest first
+            version = int(commit.get("version", 0))
+            if older_than is not None and version >= older_than:
+                continue  # read in the page before
+            older_than = version
             if not commit.get(MANIFEST):
                 continue
             manifest, committed_ms = _manifest_of(root, commit)
@@ -127,7 +133,7 @@ def _manifests_in_use(root: Path, cutoff_ms: int) -> Iterator[tuple[dict[str, An
                     "after the file retention began: it no longer tells which files the "
                     "versions in use named; nothing was deleted")
             return
-        limit *= 4  # (the manifests read again are named again: a set keeps them once)
+        limit *= 4
 
 
 def _manifest_of(root: Path, commit: dict[str, Any]) -> tuple[dict[str, Any], int]:
