@@ -44,7 +44,7 @@ from cdcflow.table.metadata import (
     load_options,
     save_options,
 )
-from cdcflow.table.snapshots import newest, newest_manifest
+from cdcflow.table.snapshots import live_paths, newest, newest_manifest
 from cdcflow.table.vacuum import Vacuumed, vacuum
 
 
@@ -198,7 +198,7 @@ class CdcTable:
     # ---- reads (AP-5, AP-9, AP-10) --------------------------------------------------------
 
     def has_pending_changes(self) -> bool:
-        paths = _pending_paths(self.root)  # before the manifest: see plan_apply
+        paths = live_paths(pending.pending_path(self.root))  # before the manifest
         manifest = newest_manifest(self.root)
         return any(p not in manifest.applied_pending for p in paths)
 
@@ -398,11 +398,6 @@ class Connection:
                 f"{pending.INVALID_CHANGE_TYPE}: {offender!r} on a connection that carries "
                 f"{'UPSERT/DELETE' if self.mode == 'cdc' else 'INSERT or untyped'} rows (AP-3)"
             )
-
-
-def _pending_paths(root: Path) -> list[str]:
-    actions = pa.table(newest(pending.pending_path(root)).get_add_actions(flatten=True))
-    return [str(p) for p in actions.column("path").to_pylist()]
 
 
 def assign(lows: list[tuple[Any, ...]], key: tuple[Any, ...]) -> int:

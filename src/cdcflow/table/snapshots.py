@@ -27,6 +27,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdcflow.table.layout import Manifest, read_manifest
@@ -120,6 +121,12 @@ def _cached(path: str | Path) -> _Cached:
 def newest(path: str | Path) -> DeltaTable:
     """The Delta table at `path` at its newest version, for reading only."""
     return _cached(path).table
+
+
+def live_paths(path: str | Path) -> list[str]:
+    """The data files of the Delta table at `path` at its newest version, relative to it."""
+    actions = pa.table(newest(path).get_add_actions(flatten=True))
+    return [str(name) for name in actions.column("path").to_pylist()]
 
 
 def newest_manifest(path: str | Path) -> Manifest:

@@ -35,8 +35,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from cdcflow.clock import Clock
 from cdcflow.errors import DataLoss, FailedPrecondition, InvalidArgument
 from cdcflow.model.timestamps import to_micros
@@ -44,7 +42,7 @@ from cdcflow.table.apply import JOB
 from cdcflow.table.layout import MANIFEST, FileEntry
 from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
 from cdcflow.table.pending import pending_path
-from cdcflow.table.snapshots import newest
+from cdcflow.table.snapshots import live_paths, newest
 
 MIN_RETENTION = timedelta(seconds=MIN_FILE_RETENTION_SECONDS)
 COMMIT_SLACK_MS = 60_000
@@ -97,8 +95,8 @@ def _in_use(root: Path, cutoff_ms: int) -> set[str]:
     that apply's commit: it is in use only when that commit is after the cutoff."""
     pending = Path(pending_path(root)).relative_to(root).as_posix()
     # the live files first: an apply that commits meanwhile lists what it drops as applied
-    kept = {f"{pending}/{name}" for name in _live(pending_path(root))}
-    kept.update(_live(str(root)))
+    kept = {f"{pending}/{name}" for name in live_paths(pending_path(root))}
+    kept.update(live_paths(root))
     for manifest, committed_ms in _manifests_in_use(root, cutoff_ms):
         for entry in manifest["files"]:
             kept.update(_files_of(root, FileEntry.from_json(entry)))
@@ -148,12 +146,6 @@ def _manifest_of(root: Path, commit: dict[str, Any]) -> tuple[dict[str, Any], in
         raise DataLoss(f"the manifest of version {commit.get('version')} of {root} is "
                        f"damaged ({type(error).__name__}: {error}); nothing was deleted"
                        ) from None
-
-
-def _live(path: str) -> list[str]:
-    """The data files of a Delta table's newest version, relative to its folder."""
-    actions = newest(path).get_add_actions(flatten=True)
-    return [str(name) for name in pa.table(actions).column("path").to_pylist()]
 
 
 def _files_of(root: Path, entry: FileEntry) -> Iterator[str]:
