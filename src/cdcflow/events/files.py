@@ -4,7 +4,9 @@ Exactly once per batch id: a batch's files get names derived from the batch id, 
 a temporary name and renamed into place (never a partial file), and a manifest
 `<root>/<stream>/_manifests/batch-<id>.json` is written last, the same way. A batch whose
 manifest exists is skipped; a batch cut short by a crash is written again under the same names,
-replacing what it left. Readers trust the files the manifests list (`committed_files`).
+replacing what it left; once it commits, what else its earlier attempts left beside its files
+(aside files, files of another cut) is removed. Readers trust the files the manifests list
+(`committed_files`).
 
 Rotation: a file holds at most `max_events` events and about `max_bytes` bytes, and the events
 of one file span at most `max_seconds` of source time; the minute folders rotate by time too.
@@ -29,6 +31,7 @@ import orjson
 
 from cdcflow.errors import DataLoss, InvalidArgument
 from cdcflow.events.avro_format import write_avro
+from cdcflow.events.leftovers import remove_leftovers
 from cdcflow.model.events import Event
 from cdcflow.model.timestamps import minute_text
 
@@ -49,7 +52,8 @@ class Rotation:
 def _atomic_write(path: Path, data: bytes) -> None:
     """`data` at `path`, whole: written aside under a name of this write's own, then moved,
     so that two writers of one path (a replayed task and one its killed driver left
-    running) each move a whole file. A killed write leaves its aside file."""
+    running) each move a whole file. A killed write leaves its aside file, until the batch
+    commits (`cdcflow.events.leftovers`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(temporary, "wb") as handle:
@@ -110,9 +114,12 @@ class EventFileWriter:
         return files
 
     def commit_batch(self, batch_id: int | str, files: list[dict[str, Any]]) -> None:
-        """Write the batch manifest, last: from now on the batch counts as written."""
+        """Write the batch manifest, last: from now on the batch counts as written. Then
+        remove what earlier attempts at the batch left beside its files
+        (`cdcflow.events.leftovers`)."""
         manifest = {"batch": self._key(batch_id), "format": self.fmt, "files": files}
         _atomic_write(self.manifest_path(batch_id), json.dumps(manifest).encode())
+        remove_leftovers(self.base, self._key(batch_id), [str(f["path"]) for f in files])
 
     def write_batch(self, batch_id: int | str, events: Iterable[Event]) -> list[str]:
         """Write one batch; return the files it holds ([] when it was written before)."""

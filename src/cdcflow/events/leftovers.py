@@ -1,0 +1,61 @@
+"""What earlier attempts at an event batch left beside its files, removed once it commits.
+
+A batch counts as written when its manifest is; attempts before the one that committed may
+have left files that the manifest does not list:
+- the aside file of a write killed before its move (`.<name>.<random>.tmp`), which no one
+  would ever remove;
+- the files of an attempt that cut the batch otherwise (`batch-<id>-keyed2-...` where the
+  batch committed as `keyed3`), whose events a reader that lists the folders instead of
+  reading the manifests would count twice.
+
+They sit in the folders of the files the manifest lists: every attempt at a batch reads the
+same events and groups them by the same object and minute. Once the manifest is written, a
+writer still at work on the batch is one its killed driver left running, so its files and
+aside files can go too (a write whose aside file goes fails, and writes nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+_ASIDE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{32}\.tmp")
+"""The aside name `cdcflow.events.files` writes a file under before moving it."""
+
+
+def batch_file_name(key: str) -> re.Pattern[str]:
+    """The names of the files of the batch `key`: a streaming batch's key is twelve digits,
+    then its cut (`batch-000000000007-keyed3-p00001-0000.jsonl`); any other key (a backfill
+    chunk's, which may hold dashes) is followed by the part at once, so no other key's files
+    match."""
+    cut = r"(?:[A-Za-z0-9]+-)?" if re.fullmatch(r"\d{12}", key) else ""
+    return re.compile(rf"batch-{re.escape(key)}-{cut}p\d{{5}}-\d{{4}}\.(?:jsonl|avro)")
+
+
+def written_name(file_name: str) -> str:
+    """The name a file is or will be under: an aside file's target, or the name itself."""
+    aside = _ASIDE.fullmatch(file_name)
+    return file_name if aside is None else aside["name"]
+
+
+def remove_leftovers(base: Path, key: str, listed: Iterable[str]) -> list[Path]:
+    """Delete every file of the batch `key`, and every aside file of one, that sits in a
+    folder of the `listed` files (paths under `base`) and is not listed; return them.
+    A file another sweep or a finished move took meanwhile is passed over."""
+    keep = {os.path.normpath(base / path) for path in listed}
+    of_batch = batch_file_name(key)
+    removed: list[Path] = []
+    for folder in sorted({os.path.dirname(path) for path in keep}):
+        with os.scandir(folder) as entries:
+            found = [e.path for e in entries if e.is_file(follow_symlinks=False)
+                     and of_batch.fullmatch(written_name(e.name))
+                     and os.path.normpath(e.path) not in keep]
+        for path in found:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            removed.append(Path(path))
+    return removed
