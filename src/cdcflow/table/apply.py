@@ -248,6 +248,15 @@ def _patched_entry(root: Path, old: FileEntry, patch: RangePatch, clock: Clock) 
     return replace(old, vector=vector, patch=written)
 
 
+def _checkpoint(table: DeltaTable) -> None:
+    """What delta-rs does after each hundredth of its own commits: a checkpoint of the newest
+    version, then the log entries before it that are older than the table's
+    `delta.logRetentionDuration` (30 days unless set) removed. Without the second, the log of
+    a table with deletion vectors, committed by cdcflow, grew by an entry per apply for good."""
+    table.create_checkpoint()
+    table.cleanup_metadata()
+
+
 def _commit(root: Path, removed: list[FileAction], added: list[FileAction],
             metadata: dict[str, str], merge_on_read: bool, now_ms: int) -> None:
     """One Delta commit; written by cdcflow itself when vectors are involved."""
@@ -256,7 +265,7 @@ def _commit(root: Path, removed: list[FileAction], added: list[FileAction],
         upgrade = upgrade_actions(table) if any(a.vector for a in added) else []
         actions = upgrade + [a.remove(now_ms) for a in removed] + [a.add(now_ms) for a in added]
         if commit(root, table, actions, metadata, now_ms) % CHECKPOINT_INTERVAL == 0:
-            DeltaTable(str(root)).create_checkpoint()  # as delta-rs does after its commits
+            _checkpoint(DeltaTable(str(root)))
         return
     delta_actions: list[AddAction | RemoveAction] = [
         RemoveAction(a.path, True, now_ms, a.size, {}) for a in removed]
