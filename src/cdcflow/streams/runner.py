@@ -40,6 +40,7 @@ from cdcflow.streams.catalog import Catalog, StreamRecord
 from cdcflow.streams.cluster import check_master_of, cluster_placement
 from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, is_permanent
 from cdcflow.streams.lease import RunnerLease
+from cdcflow.streams.progress import count_batch
 from cdcflow.streams.rebackfill import Sweeper
 from cdcflow.streams.setup import StreamSetup, prepare_stream
 from cdcflow.streams.source_watch import SourceWatch
@@ -325,17 +326,7 @@ class Runner:
                          result: dict[str, Any], worker: Worker) -> None:
         began = time.monotonic()
         stats = worker.stats
-        stats["rows_processed"] = stats.get("rows_processed", 0) + result["rows"]
-        stats["batches"] = stats.get("batches", 0) + 1
-        if result["last_micros"] is not None:
-            stats["last_applied_commit"] = result["last_micros"]
-        now = to_micros(self.clock.now())
-        lag = (now - stats["last_applied_commit"]) / 1e6 if "last_applied_commit" in stats else None
-        rate = result["rows"] / result["seconds"] if result["seconds"] else 0.0
-        lags = stats.setdefault("lags", [])
-        if lag is not None and result["rows"]:
-            lags.append(lag)
-            del lags[:-1000]
+        counted = count_batch(stats, result, to_micros(self.clock.now()))
         active = sum(p.state == "ACTIVE" for p in open_log(log_path).partitions(change_stream))
         extra = {}
         setup = worker.setup
@@ -344,11 +335,9 @@ class Runner:
         if worker.stats.get("segment_root"):
             extra["segments"] = segment_summary(worker.stats["segment_root"])
         self.catalog.update_status(
-            name, rows_processed=stats["rows_processed"], batches=stats["batches"],
-            lag_seconds=lag, throughput_rows_per_second=rate, partitions=active,
-            last_applied_commit=stats.get("last_applied_commit"), lag_samples=lags[-200:],
+            name, partitions=active, **counted, **extra,
             batch_timing=batch_timing(worker.reporting, result) | {
-                "report_ms": stats.get("report_ms")}, **extra)
+                "report_ms": stats.get("report_ms")})
         stats["report_ms"] = round((time.monotonic() - began) * 1000, 1)  # shown next batch
         if stats.pop("waiting", False):  # it writes again: the machine's refusal is over
             self.catalog.healthy(name)
