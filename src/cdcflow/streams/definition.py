@@ -4,8 +4,6 @@ backfill mode, destinations and Spark settings. Validated by pydantic; YAML or P
 from __future__ import annotations
 
 import fnmatch
-import re
-import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +20,7 @@ from pydantic import (
 
 from cdcflow.errors import InvalidArgument
 from cdcflow.spark.master import standalone_addresses
+from cdcflow.streams.definition_input import check_size, problems, shown, yaml_problem
 from cdcflow.table.metadata import MAX_FILE_RETENTION_SECONDS, MIN_FILE_RETENTION_SECONDS
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -46,98 +45,6 @@ surrogates (the catalog stores definitions as UTF-8 JSON)."""
 Word = Annotated[str, Field(min_length=1), AfterValidator(_clean)]
 """Text that must not be empty: a path, a host, a user, a column or table name."""
 _ENV = r"^[A-Za-z_][A-Za-z0-9_]*$"
-
-MAX_VALUES = 250_000
-MAX_DEPTH = 64
-_SECRETS = (
-    (re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)"), r"\1***"),
-    (re.compile(r"(?i)(\w+://[^@/\s]*?:)[^@]*@"), r"\1***@"),
-)
-
-
-def redact(text: str) -> str:
-    """`text` with passwords (`password=...`, `scheme://user:...@`) replaced by ***."""
-    for pattern, replacement in _SECRETS:
-        text = pattern.sub(replacement, text)
-    return text
-
-
-class _Shown(reprlib.Repr):
-    """Values as error messages show them: short, and no password of a DSN."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.maxlevel, self.maxstring, self.maxother = 3, 80, 80
-        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 8
-
-    def repr_str(self, x: str, level: int) -> str:
-        import psycopg2.extensions
-
-        try:
-            if "password" in psycopg2.extensions.parse_dsn(x):
-                return "'<a dsn with a password, not shown>'"
-        except (psycopg2.Error, ValueError):
-            pass
-        return super().repr_str(redact(x), level)
-
-
-_SHOWN = _Shown()
-
-
-def check_size(data: Any) -> None:
-    """A definition holds at most MAX_VALUES values nested MAX_DEPTH deep: a YAML alias bomb
-    or a deep nest fails here, before validation would expand it into messages."""
-    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 0, ())]
-    count = 1
-    while stack:
-        node, depth, where = stack.pop()
-        children = _children(node)
-        count += len(children)
-        if count > MAX_VALUES:
-            raise InvalidArgument(f"a stream definition holds at most {MAX_VALUES} values; "
-                                  f"at {_place(where)} it holds more (YAML aliases expand)")
-        if children and depth >= MAX_DEPTH:
-            raise InvalidArgument(f"a stream definition nests at most {MAX_DEPTH} levels deep; "
-                                  f"{_place(where)} nests deeper: {_SHOWN.repr(node)}")
-        stack.extend((child, depth + 1, where if len(where) > _SHOWN_STEPS else (*where, step))
-                     for step, child in children)
-
-
-def _children(node: Any) -> list[tuple[Any, Any]]:
-    """(key or index, value) of a mapping or a sequence; keys count as values too."""
-    if isinstance(node, dict):
-        return [*((key, key) for key in node), *node.items()]
-    if isinstance(node, list | tuple | set | frozenset):
-        return list(enumerate(node))
-    return []
-
-
-_SHOWN_STEPS = 6
-"""How many keys of a too large or too deep value's place a message shows."""
-
-
-def _place(where: tuple[Any, ...]) -> str:
-    shown = ".".join(str(step)[:40] for step in where) or "the top"
-    return shown + ("..." if len(where) > _SHOWN_STEPS else "")
-
-
-def problems(error: ValidationError) -> str:
-    """Each problem: where, the rule, and the value (shortened, passwords hidden)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc'])}: {redact(e['msg'])} "
-        f"(got {_SHOWN.repr(e.get('input'))})"
-        for e in error.errors()
-    )
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """Where the YAML breaks and why, without the text around it (it may hold a password)."""
-    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
-        mark, context = error.problem_mark, f"{error.context}: " if error.context else ""
-        return redact(f"line {mark.line + 1}, column {mark.column + 1}: {context}"
-                      f"{error.problem}")
-    return redact(str(error))
-
 
 def _checked_dsn(dsn: str) -> str:
     import psycopg2.extensions
@@ -401,13 +308,13 @@ class StreamDefinition(BaseModel):
             data = yaml.safe_load(text)
         except yaml.YAMLError as error:
             raise InvalidArgument(
-                f"stream definition is not valid YAML: {_yaml_problem(error)}") from None
+                f"stream definition is not valid YAML: {yaml_problem(error)}") from None
         except RecursionError:
             raise InvalidArgument("stream definition is not valid YAML: it nests too deep "
                                   "for the parser") from None
         if not isinstance(data, dict):
             raise InvalidArgument(f"a stream definition is a YAML mapping, not "
-                                  f"{type(data).__name__} {_SHOWN.repr(data)}")
+                                  f"{type(data).__name__} {shown(data)}")
         return StreamDefinition.parse(data)
 
     @staticmethod
