@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cdcflow.model.sequence import ChangeSequenceNumber
-    from cdcflow.table.cdc_table import CdcTable, Connection
+    from cdcflow.table.cdc_table import CdcTable
+    from cdcflow.table.connection import Connection
 
 _EXPORTS = {
     "CdcTable": "cdcflow.table.cdc_table",
-    "Connection": "cdcflow.table.cdc_table",
+    "Connection": "cdcflow.table.connection",
     "ChangeSequenceNumber": "cdcflow.model.sequence",
 }
 __all__ = ["CdcTable", "ChangeSequenceNumber", "Connection"]

@@ -35,6 +35,7 @@ from cdcflow.table.apply import (
     plan_apply,
 )
 from cdcflow.table.arrow_types import check_schema, schema_from_ddl
+from cdcflow.table.connection import Connection
 from cdcflow.table.delta_log import supports_vectors
 from cdcflow.table.layout import conform, read_data, read_file
 from cdcflow.table.merge import key_array
@@ -361,43 +362,6 @@ class CdcTable:
             return max(tolerated, buffer)
         p95 = durations[min(len(durations) - 1, math.ceil(0.95 * len(durations)) - 1)]
         return max(tolerated, timedelta(seconds=2 * p95) + buffer)
-
-
-class Connection:
-    """One writer connection (AP-3): it carries either UPSERT/DELETE rows or plain rows."""
-
-    def __init__(self, table: CdcTable) -> None:
-        self.table = table
-        self.mode: str | None = None
-
-    def append(self, rows: Any, app_id: str | None = None,
-               version: int | None = None) -> bool:
-        """Append changes (a pyarrow Table, a list of dicts or a pandas DataFrame). With
-        `app_id` and `version`, an append already committed is skipped and False is returned.
-        A bad value fails with InvalidArgument naming the row and the column; nothing of the
-        append is kept. Spark DataFrames go through `cdcflow.spark.append_frame`."""
-        if hasattr(rows, "mapInArrow"):
-            raise InvalidArgument("append a Spark DataFrame with cdcflow.spark.append_frame("
-                                  "connection, frame, ...): its executors write the files")
-        data = pending.as_arrow(rows, self.table.schema)
-        types = (data.column(pending.CHANGE_TYPE).to_pylist()
-                 if pending.CHANGE_TYPE in data.column_names else [None] * data.num_rows)
-        mode = pending.change_mode(types) if types else self.mode
-        self.check_mode(mode, types[0] if types else None)
-        prepared = pending.prepare(data, self.table.schema, self.table.primary_key,
-                                   pending.ingest_stamp(self.table.clock))
-        written = pending.append(self.table.root, prepared, app_id, version,
-                                 self.table.clock)
-        self.mode = mode
-        return written
-
-    def check_mode(self, mode: str | None, offender: Any) -> None:
-        """AP-3 across the appends of one connection."""
-        if self.mode is not None and mode is not None and mode != self.mode:
-            raise InvalidArgument(
-                f"{pending.INVALID_CHANGE_TYPE}: {offender!r} on a connection that carries "
-                f"{'UPSERT/DELETE' if self.mode == 'cdc' else 'INSERT or untyped'} rows (AP-3)"
-            )
 
 
 def assign(lows: list[tuple[Any, ...]], key: tuple[Any, ...]) -> int:
