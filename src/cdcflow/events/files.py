@@ -121,6 +121,16 @@ class EventFileWriter:
         _atomic_write(self.manifest_path(batch_id), json.dumps(manifest).encode())
         remove_leftovers(self.base, self._key(batch_id), [str(f["path"]) for f in files])
 
+    def remove_leftovers(self, batch_id: int | str) -> list[Path]:
+        """What `commit_batch` removes after the manifest, again: for a replay of a batch
+        whose commit may have stopped before. A batch without a readable manifest: nothing."""
+        try:
+            listed = json.loads(self.manifest_path(batch_id).read_bytes())["files"]
+            paths = [str(f["path"]) for f in listed]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        return remove_leftovers(self.base, self._key(batch_id), paths)
+
     def write_batch(self, batch_id: int | str, events: Iterable[Event]) -> list[str]:
         """Write one batch; return the files it holds ([] when it was written before)."""
         if self.is_committed(batch_id):

@@ -12,6 +12,11 @@ They sit in the folders of the files the manifest lists: every attempt at a batc
 same events and groups them by the same object and minute. Once the manifest is written, a
 writer still at work on the batch is one its killed driver left running, so its files and
 aside files can go too (a write whose aside file goes fails, and writes nothing).
+
+The sweep is a best effort after the commit: a file it cannot remove stays, and it never
+fails the batch. A file that is one the manifest lists, by its identity on the disk and not
+only by its path (a folder reached under two spellings, on a filesystem that folds case), is
+never removed.
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ _ASIDE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{32}\.tmp")
 
 
 def batch_file_name(key: str) -> re.Pattern[str]:
-    """The names of the files of the batch `key`: a streaming batch's key is twelve digits,
-    then its cut (`batch-000000000007-keyed3-p00001-0000.jsonl`); any other key (a backfill
-    chunk's, which may hold dashes) is followed by the part at once, so no other key's files
-    match."""
-    cut = r"(?:[A-Za-z0-9]+-)?" if re.fullmatch(r"\d{12}", key) else ""
-    return re.compile(rf"batch-{re.escape(key)}-{cut}p\d{{5}}-\d{{4}}\.(?:jsonl|avro)")
+    """The names of the files of the batch `key`: a streaming batch's key is twelve digits
+    or more, then its cut (`batch-000000000007-keyed3-p00001-0000.jsonl`); any other key (a
+    backfill chunk's, which may hold dashes) is followed by the part at once, so no other
+    key's files match."""
+    cut = r"(?:[A-Za-z0-9]+-)?" if re.fullmatch(r"\d{12,}", key) else ""
+    return re.compile(rf"batch-{re.escape(key)}-{cut}p\d{{5,}}-\d{{4,}}\.(?:jsonl|avro)")
 
 
 def written_name(file_name: str) -> str:
@@ -42,20 +47,42 @@ def written_name(file_name: str) -> str:
 
 def remove_leftovers(base: Path, key: str, listed: Iterable[str]) -> list[Path]:
     """Delete every file of the batch `key`, and every aside file of one, that sits in a
-    folder of the `listed` files (paths under `base`) and is not listed; return them.
-    A file another sweep or a finished move took meanwhile is passed over."""
-    keep = {os.path.normpath(base / path) for path in listed}
-    of_batch = batch_file_name(key)
+    folder of the `listed` files (paths under `base`) and is not one of them; return what
+    was deleted. Best effort: what it cannot read or remove stays."""
+    paths = [base / path for path in listed]
+    kept = {_identity(path) for path in paths} - {None}
     removed: list[Path] = []
-    for folder in sorted({os.path.dirname(path) for path in keep}):
-        with os.scandir(folder) as entries:
-            found = [e.path for e in entries if e.is_file(follow_symlinks=False)
-                     and of_batch.fullmatch(written_name(e.name))
-                     and os.path.normpath(e.path) not in keep]
-        for path in found:
+    for folder in sorted({str(path.parent) for path in paths}):
+        for path in _of_batch(folder, key):
+            if _identity(path) in kept:
+                continue
             try:
                 os.unlink(path)
-            except FileNotFoundError:
+            except OSError:  # gone meanwhile, or not ours to remove
                 continue
-            removed.append(Path(path))
+            removed.append(path)
     return removed
+
+
+def _of_batch(folder: str, key: str) -> list[Path]:
+    """The files of the batch `key` in `folder`, and aside files of such files. A folder
+    holds the files of every batch of its minute: a name is matched in full only once it
+    begins like one of the batch's."""
+    prefix = f"batch-{key}-"
+    exact = batch_file_name(key)
+    try:
+        with os.scandir(folder) as entries:
+            return [Path(e.path) for e in entries
+                    if e.name.startswith((prefix, "." + prefix))
+                    and exact.fullmatch(written_name(e.name))
+                    and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino

@@ -199,6 +199,8 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
     if writer is not None and not events_done:
         files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
         writer.commit_batch(batch_id, files)
+    elif writer is not None:  # a replay: the attempt that committed may have stopped there
+        writer.remove_leftovers(batch_id)
     for root in plan.tables.values():
         mine = [w for w in written if w["kind"] == "cdc" and w["table_root"] == root]
         if not mine:

@@ -56,6 +56,7 @@ from cdcflow.table.snapshots import newest, newest_manifest
 
 JOB = "cdcflow.job"
 CHECKPOINT_INTERVAL = 100
+EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 
 
 def epoch_seconds(clock: Clock) -> float:
@@ -249,12 +250,14 @@ def _patched_entry(root: Path, old: FileEntry, patch: RangePatch, clock: Clock) 
 
 
 def _checkpoint(table: DeltaTable) -> None:
-    """What delta-rs does after each hundredth of its own commits: a checkpoint of the newest
-    version, then the log entries before it that are older than the table's
-    `delta.logRetentionDuration` (30 days unless set) removed. Without the second, the log of
-    a table with deletion vectors, committed by cdcflow, grew by an entry per apply for good."""
+    """A checkpoint of the newest version, then, as delta-rs does after its own commits, the
+    log entries no checkpoint still needs that are older than the table's
+    `delta.logRetentionDuration` (30 days unless set) removed, unless
+    `delta.enableExpiredLogCleanup` is false. Without the second, the log of a table with
+    deletion vectors, committed by cdcflow, grew by an entry per apply for good."""
     table.create_checkpoint()
-    table.cleanup_metadata()
+    if table.metadata().configuration.get(EXPIRED_LOG_CLEANUP, "true").lower() != "false":
+        table.cleanup_metadata()
 
 
 def _commit(root: Path, removed: list[FileAction], added: list[FileAction],

@@ -48,9 +48,11 @@ def test_killed_writes_leave_nothing_once_their_batch_commits(db: Database, tmp_
         deadline = time.monotonic() + 60
         while not any(f"-{batch:012d}-" in name for name in files_under(base)):
             assert time.monotonic() < deadline, "the attempt wrote nothing in 60 s"
+            time.sleep(0.001)  # a poll, not a wait: leave the child the core
         time.sleep(rng.uniform(0, 0.05))  # a random point of its writes, not a wait for them
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(30)
+        assert not worker.is_alive()
         cut_short += any(name.endswith(".tmp") and f"-{batch:012d}-" in name
                          for name in files_under(base))
         files = writer.write_part(batch, 0, events, "keyed1")

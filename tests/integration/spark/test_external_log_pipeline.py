@@ -155,9 +155,13 @@ def test_a_batch_replayed_after_its_events_committed_changes_nothing_twice(
     monkeypatch.undo()
     writer = EventFileWriter(tmp_path / "events", "s")
     written = {f: f.read_bytes() for f in writer.committed_files()}
+    first = next(iter(written))  # and a write of the batch killed beside it, left aside:
+    aside = first.with_name(f".{first.name}.{'0' * 32}.tmp")
+    aside.write_bytes(b"half")
     pipeline.run_batch(plan, frame, 0)  # the replay
     assert {f: f.read_bytes() for f in writer.committed_files()} == written
     assert len(list((tmp_path / "events" / "s").rglob("*.jsonl"))) == len(written)
+    assert not aside.exists()  # the replay swept what the batch's attempts left
     events = [e for f in written for e in read_json_events(f)]
     delete = next(e for e in events if e["source_metadata"]["is_deleted"])
     assert delete["payload"] == {"id": "1", "owner": "o1", "balance": "11"}

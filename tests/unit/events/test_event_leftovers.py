@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from cdcflow import Database
+from cdcflow.events import files
 from cdcflow.events.files import EventFileWriter, Rotation
-from cdcflow.events.leftovers import batch_file_name, written_name
+from cdcflow.events.leftovers import batch_file_name, remove_leftovers, written_name
 from tests.unit.events.test_event_file_bytes import some_events
 
 pytestmark = pytest.mark.unit
@@ -80,6 +81,8 @@ def test_a_backfill_chunk_s_commit_leaves_the_other_chunks_alone(db: Database, t
     ("backfill-T-k-000001", "batch-backfill-T-k-000001-p00000-0000.jsonl", True),
     ("backfill-T-k-000001", "batch-backfill-T-k-000001-2-p00000-0000.jsonl", False),
     ("backfill-T-k-000001", "batch-backfill-T-k-0000012-p00000-0000.jsonl", False),
+    ("1000000000000", "batch-1000000000000-keyed3-p100000-10000.jsonl", True),
+    ("1000000000000", "batch-100000000000-keyed3-p00001-0000.jsonl", False),
 ])
 def test_which_names_are_a_batch_s_files(key: str, name: str, ours: bool):
     assert bool(batch_file_name(key).fullmatch(name)) is ours
@@ -90,3 +93,44 @@ def test_an_aside_name_gives_the_file_it_was_to_become():
     assert written_name(".batch-1-p00000-0000.jsonl.notrandom.tmp") == \
         ".batch-1-p00000-0000.jsonl.notrandom.tmp"  # not an aside name: left as it is
     assert written_name("batch-1-p00000-0000.jsonl") == "batch-1-p00000-0000.jsonl"
+
+
+def test_a_listed_file_stays_when_its_folder_is_reached_under_another_name(tmp_path: Path):
+    """Two objects whose folders are one on the disk (names that differ in case only, on a
+    filesystem that folds case; a symlink stands in for that here): each folder's sweep sees
+    the other's listed file under its own spelling, and must keep it."""
+    real = tmp_path / "Orders" / "2026"
+    real.mkdir(parents=True)
+    (tmp_path / "orders").symlink_to(tmp_path / "Orders")
+    for index in range(3):
+        (real / f"batch-000000000007-driver-p00000-000{index}.jsonl").write_bytes(b"{}\n")
+    removed = remove_leftovers(tmp_path, "000000000007", [
+        "Orders/2026/batch-000000000007-driver-p00000-0000.jsonl",
+        "orders/2026/batch-000000000007-driver-p00000-0001.jsonl"])
+    assert sorted(p.name for p in real.iterdir()) == [
+        "batch-000000000007-driver-p00000-0000.jsonl",
+        "batch-000000000007-driver-p00000-0001.jsonl"]
+    assert [p.name for p in removed] == ["batch-000000000007-driver-p00000-0002.jsonl"]
+
+
+def test_a_sweep_that_cannot_read_a_folder_removes_nothing_and_does_not_fail(tmp_path: Path):
+    assert remove_leftovers(tmp_path, "000000000007",
+                            ["Gone/2026/batch-000000000007-driver-p00000-0000.jsonl"]) == []
+
+
+def test_a_replay_removes_what_a_commit_stopped_before_removing(db: Database, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch):
+    """The driver died between a batch's manifest and the end of its sweep: the replay
+    finds the manifest, writes nothing, and sweeps (`pipeline.run_batch`)."""
+    events = some_events(db)
+    writer = EventFileWriter(tmp_path, "s", "json", Rotation(max_events=7))
+    base = tmp_path / "s"
+    killed = writer.write_part(7, 0, events, "keyed2")
+    committed = writer.write_part(7, 0, events, "keyed3")
+    monkeypatch.setattr(files, "remove_leftovers", lambda *args: [])  # the driver died here
+    writer.commit_batch(7, committed)
+    monkeypatch.undo()
+    assert {f["path"] for f in killed} <= files_under(base)
+    assert writer.remove_leftovers(8) == []  # no manifest: nothing to go by
+    assert len(writer.remove_leftovers(7)) == len(killed)
+    assert files_under(base) == {f["path"] for f in committed}

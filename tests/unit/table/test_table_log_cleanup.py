@@ -25,6 +25,14 @@ def versions(root: Path) -> list[int]:
     return sorted(int(p.stem) for p in (root / "_delta_log").glob("*.json"))
 
 
+def age(root: Path) -> list[int]:
+    """Make the log's entries look written long ago to its cleanup; return their versions."""
+    old = versions(root)
+    for version in old:
+        os.utime(root / "_delta_log" / f"{version:020d}.json", (LONG_AGO, LONG_AGO))
+    return old
+
+
 def rows(table: CdcTable) -> list[tuple[int, int]]:
     return sorted((r["id"], r["v"]) for r in table.to_arrow().to_pylist())
 
@@ -36,10 +44,7 @@ def test_log_entries_past_their_retention_go_at_a_checkpoint(tmp_path: Path,
     table = make_table(tmp_path / "t", clock, vectors=True)
     rng = random.Random(5)
     churn(table, 14, rng, clock)
-    old = versions(table.root)
-    for version in old:  # written long ago, as far as the log's cleanup can tell
-        path = table.root / "_delta_log" / f"{version:020d}.json"
-        os.utime(path, (LONG_AGO, LONG_AGO))
+    old = age(table.root)
     churn(table, 20, rng, clock)
     kept = versions(table.root)
     assert kept[0] > 0, "no log entry was removed"
@@ -54,3 +59,17 @@ def test_log_entries_past_their_retention_go_at_a_checkpoint(tmp_path: Path,
     clock.advance(2 * HOUR)
     table.vacuum()  # the history it reads still reaches back past its retention
     assert rows(CdcTable.open(table.root)) == expected
+
+
+def test_a_table_that_turned_the_cleanup_off_keeps_its_log(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(apply, "CHECKPOINT_INTERVAL", 10)
+    clock = FakeClock(datetime(2026, 11, 28, tzinfo=UTC))
+    table = make_table(tmp_path / "t", clock, vectors=True)
+    DeltaTable(str(table.root)).alter.set_table_properties(
+        {"delta.enableExpiredLogCleanup": "false"})
+    rng = random.Random(6)
+    churn(table, 14, rng, clock)
+    age(table.root)
+    churn(table, 20, rng, clock)
+    assert versions(table.root)[0] == 0
