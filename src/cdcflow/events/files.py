@@ -19,7 +19,6 @@ import io
 import itertools
 import json
 import os
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import orjson
 
 from cdcflow.errors import DataLoss, InvalidArgument
 from cdcflow.events.avro_format import write_avro
-from cdcflow.events.leftovers import remove_leftovers
+from cdcflow.events.leftovers import aside_name, remove_leftovers
 from cdcflow.model.events import Event
 from cdcflow.model.timestamps import minute_text
 
@@ -55,7 +54,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     running) each move a whole file. A killed write leaves its aside file, until the batch
     commits (`cdcflow.events.leftovers`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    temporary = path.with_name(aside_name(path.name))
     with open(temporary, "wb") as handle:
         handle.write(data)
         handle.flush()

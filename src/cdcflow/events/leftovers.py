@@ -23,11 +23,18 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 _ASIDE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{32}\.tmp")
-"""The aside name `cdcflow.events.files` writes a file under before moving it."""
+"""An `aside_name`."""
+
+
+def aside_name(name: str) -> str:
+    """The name a write puts its file under before moving it to `name`: of its own, so that
+    two writers of one file each move a whole file."""
+    return f".{name}.{uuid.uuid4().hex}.tmp"
 
 
 def batch_file_name(key: str) -> re.Pattern[str]:

@@ -31,7 +31,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 from cdcflow.clock import Clock
 from cdcflow.model.timestamps import to_micros
 from cdcflow.table.deletion_vectors import write_vector
-from cdcflow.table.delta_log import FileAction, commit, upgrade_actions
+from cdcflow.table.delta_log import EXPIRED_LOG_CLEANUP, FileAction, commit, upgrade_actions
 from cdcflow.table.layout import (
     MANIFEST,
     FileEntry,
@@ -56,7 +56,6 @@ from cdcflow.table.snapshots import newest, newest_manifest
 
 JOB = "cdcflow.job"
 CHECKPOINT_INTERVAL = 100
-EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 
 
 def epoch_seconds(clock: Clock) -> float:

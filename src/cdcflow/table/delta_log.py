@@ -19,6 +19,9 @@ from deltalake import DeltaTable
 from cdcflow.errors import FailedPrecondition
 from cdcflow.table.deletion_vectors import DeletionVector
 
+EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
+"""The Delta table property that lets a commit remove log entries past their retention."""
+
 FEATURE = "deletionVectors"
 ENGINE = "cdcflow"
 

@@ -32,6 +32,7 @@ from cdcflow.table.append_checks import (
     checked_version,
     key_values,
 )
+from cdcflow.table.delta_log import EXPIRED_LOG_CLEANUP
 
 CHANGE_TYPE = "_CHANGE_TYPE"
 SEQUENCE = "_CHANGE_SEQUENCE_NUMBER"
@@ -53,7 +54,7 @@ def pending_schema(schema: pa.Schema) -> pa.Schema:
 
 
 PENDING_LOG_PROPERTIES = {"delta.logRetentionDuration": "interval 2 minutes",
-                          "delta.enableExpiredLogCleanup": "true"}
+                          EXPIRED_LOG_CLEANUP: "true"}
 """A pending table takes a commit per micro-batch (several a second), and each commit lists
 the log: without cleanup a commit costs 8 ms at 300 log entries and 17 ms at 1,200, and grows.
 Nobody reads a pending table's history (its rows go to the table; the apply reads the newest
