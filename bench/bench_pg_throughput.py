@@ -53,14 +53,16 @@ from runkit import batch_times, start_runner, stop_runner
 NAME = "pgthroughput"
 
 
-def define(catalog: Catalog, server: LocalPostgres, folder: Path, max_records: int) -> None:
+def define(catalog: Catalog, server: LocalPostgres, folder: Path, max_records: int,
+           driver_rows: int | None) -> None:
     catalog.create(StreamDefinition.parse({
         "name": NAME, "backfill": "none", "include": ["public.pgbench_*"],
         "source": {"kind": "postgres", "dsn": server.dsn(), "password_env": PASSWORD_ENV},
         "destinations": [{"kind": "cdc_table", "warehouse": str(folder / "warehouse")},
                          {"kind": "event_files", "root": str(folder / "events"),
                           "format": "json"}],
-        "spark": {"trigger_seconds": 0.5, "max_records_per_trigger": max_records}}))
+        "spark": {"trigger_seconds": 0.5, "max_records_per_trigger": max_records}
+        | ({} if driver_rows is None else {"driver_batch_rows": driver_rows})}))
     catalog.act(NAME, "start")
 
 
@@ -150,7 +152,7 @@ def batch_summary(status: dict[str, Any]) -> str:
 def run(server: LocalPostgres, folder: Path, args: argparse.Namespace) -> None:
     _, alone_tps = pgbench_run(server, args)
     catalog = Catalog(folder / "catalog.db")
-    define(catalog, server, folder, args.max_records)
+    define(catalog, server, folder, args.max_records, args.driver_rows)
     runner = start_runner(folder)
     try:
         wait_until(lambda: catalog.get(NAME).state.value == "RUNNING"
@@ -204,6 +206,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=0,
                         help="pgbench's transactions/s beside the stream (-R); 0: as fast as "
                              "it can")
+    parser.add_argument("--driver-rows", type=int, default=None,
+                        help="the stream's spark.driver_batch_rows (default: the definition's)")
     parser.add_argument("--max-records", type=int, default=25_000,
                         help="the stream's spark.max_records_per_trigger")
     parser.add_argument("--backlog-only", action="store_true",
