@@ -30,7 +30,7 @@ import orjson
 
 from cdcflow.errors import DataLoss, InvalidArgument
 from cdcflow.events.avro_format import write_avro
-from cdcflow.events.leftovers import aside_name, remove_leftovers
+from cdcflow.events.leftovers import aside_name, remove_leftovers, remove_unfinished_manifests
 from cdcflow.model.events import Event
 from cdcflow.model.timestamps import minute_text
 
@@ -129,6 +129,12 @@ class EventFileWriter:
         except (OSError, ValueError, KeyError, TypeError):
             return []
         return remove_leftovers(self.base, self._key(batch_id), paths)
+
+    def remove_unfinished_manifests(self) -> list[Path]:
+        """Delete the aside files of manifests that a driver killed mid-commit left
+        (`cdcflow.events.leftovers.remove_unfinished_manifests`); only while no batch commits
+        to this root, as a query starts. Return what was deleted."""
+        return remove_unfinished_manifests(self.base / "_manifests")
 
     def write_batch(self, batch_id: int | str, events: Iterable[Event]) -> list[str]:
         """Write one batch; return the files it holds ([] when it was written before)."""

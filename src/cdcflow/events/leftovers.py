@@ -71,6 +71,32 @@ def remove_leftovers(base: Path, key: str, listed: Iterable[str]) -> list[Path]:
     return removed
 
 
+_MANIFEST = re.compile(r"batch-.+\.json")
+"""The name of a batch manifest (`EventFileWriter.manifest_path`)."""
+
+
+def remove_unfinished_manifests(folder: Path) -> list[Path]:
+    """Delete the aside files of batch manifests in `folder`, the stream's `_manifests`: a
+    driver killed while it committed a batch left them, and that batch is not committed (a
+    replay writes its manifest anew). Return what was deleted. Best effort, as
+    `remove_leftovers`. Only while nothing commits to the folder: as a query starts."""
+    try:
+        with os.scandir(folder) as entries:
+            found = [Path(e.path) for e in entries
+                     if e.name.startswith(".batch-") and _MANIFEST.fullmatch(written_name(e.name))
+                     and e.name != written_name(e.name) and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
+    removed = []
+    for path in sorted(found):
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
 def _of_batch(folder: str, key: str) -> list[Path]:
     """The files of the batch `key` in `folder`, and aside files of such files. A folder
     holds the files of every batch of its minute: a name is matched in full only once it

@@ -134,3 +134,25 @@ def test_a_replay_removes_what_a_commit_stopped_before_removing(db: Database, tm
     assert writer.remove_leftovers(8) == []  # no manifest: nothing to go by
     assert len(writer.remove_leftovers(7)) == len(killed)
     assert files_under(base) == {f["path"] for f in committed}
+
+
+def test_unfinished_manifests_go_and_committed_ones_stay(db: Database, tmp_path: Path):
+    """A driver killed inside `commit_batch` leaves its manifest's aside file; the next
+    query's start removes it (and only it): the batch counts as not written, so nothing
+    is lost, and the folder stops keeping what no reader needs."""
+    writer = EventFileWriter(tmp_path, "s", "json", Rotation(max_events=7))
+    events = some_events(db)
+    writer.commit_batch(1, writer.write_part(1, 0, events, "driver"))
+    manifests = tmp_path / "s" / "_manifests"
+    killed = manifests / f".batch-000000000002.json.{ASIDE}.tmp"
+    killed.write_bytes(b'{"batch": "0000')
+    others = [manifests / f".notes.json.{ASIDE}.tmp", manifests / ".batch-000000000003.json.tmp",
+              manifests / f".batch-000000000004.jsonl.{ASIDE}.tmp"]
+    for path in others:
+        path.write_bytes(b"not a manifest's aside file")
+    assert writer.remove_unfinished_manifests() == [killed]
+    assert sorted(manifests.iterdir()) == sorted([writer.manifest_path(1), *others])
+    assert not writer.is_committed(2)
+    assert sum(part.events for part in writer.committed_parts()) == len(events)
+    assert writer.remove_unfinished_manifests() == []
+    assert EventFileWriter(tmp_path, "t", "json").remove_unfinished_manifests() == []
