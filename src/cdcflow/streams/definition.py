@@ -236,7 +236,10 @@ class SparkSettings(BaseModel):
     model_config = _FROZEN
     master: Word = "local[*]"
     trigger_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
-    max_records_per_trigger: int | None = Field(default=None, ge=1, le=2**63 - 1)
+    max_records_per_trigger: int | None = Field(default=25_000, ge=1, le=2**63 - 1)
+    """At most about this many changes a batch (cut between commit timestamps), the size every
+    benchmark here runs with; null: no limit, so a backlog after a long pause is one batch,
+    held in memory whole by the tasks that fold it."""
     driver_batch_rows: int = Field(default=20_000, ge=0, le=10_000_000)
     """A batch of at most this many changes is folded and written on the driver, without a
     Spark job (latency); 0 sends every batch to the executors."""

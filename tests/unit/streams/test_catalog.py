@@ -37,8 +37,27 @@ def test_yaml_round_trip_and_object_selection():
     assert definition.spark.master == "local[2]"
 
 
+@pytest.mark.parametrize(("spark", "limit"), [
+    ('{master: "local[2]"}', 25_000),
+    ('{master: "local[2]", max_records_per_trigger: null}', None),
+    ('{master: "local[2]", max_records_per_trigger: 7}', 7),
+])
+def test_a_batch_holds_at_most_25000_changes_unless_told_otherwise(spark: str,
+                                                                   limit: int | None):
+    """Without a limit, a backlog after a long pause was one batch, held whole in memory by
+    the tasks that fold it; the default is the size the benchmarks run with. It survives a
+    round trip through YAML, as the catalog keeps it."""
+    definition = StreamDefinition.from_yaml(
+        YAML.replace('{master: "local[2]", trigger_seconds: 0.5}', spark))
+    assert definition.spark.max_records_per_trigger == limit
+    again = StreamDefinition.from_yaml(definition.to_yaml())
+    assert again.spark.max_records_per_trigger == limit
+
+
 @pytest.mark.parametrize(("text", "needle"), [
     ("name: [", "not valid YAML"),
+    (YAML.replace("trigger_seconds: 0.5", "max_records_per_trigger: 0"),
+     "max_records_per_trigger"),
     ("- a list", "mapping"),
     (YAML.replace("shop-to-lake", "9bad name"), "name"),
     (YAML.replace("backfill: all", "backfill: some"), "backfill"),
