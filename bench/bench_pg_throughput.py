@@ -23,7 +23,7 @@ transaction: 3 UPDATEs and an INSERT):
 Usage: python bench/bench_pg_throughput.py [--seconds 60] [--scale 10] [--clients 4]
                                            [--sample 5] [--rate 0] [--backlog-only]
                                            [--durability fast|default]
-                                           [--max-records 25000]
+                                           [--max-records 25000] [--driver-rows N]
 """
 
 from __future__ import annotations

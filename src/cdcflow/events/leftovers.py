@@ -79,7 +79,8 @@ def remove_unfinished_manifests(folder: Path) -> list[Path]:
     """Delete the aside files of batch manifests in `folder`, the stream's `_manifests`: a
     driver killed while it committed a batch left them, and that batch is not committed (a
     replay writes its manifest anew). Return what was deleted. Best effort, as
-    `remove_leftovers`. Only while nothing commits to the folder: as a query starts."""
+    `remove_leftovers`. Call it while nothing commits to the folder, as a query starts; a
+    commit it meets anyway fails to move its manifest, and its batch is replayed."""
     try:
         with os.scandir(folder) as entries:
             found = [Path(e.path) for e in entries

@@ -276,9 +276,9 @@ def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,
             on_batch(result | {"batch_id": batch_id})
 
     remove_unfinished_writes(checkpoint)  # a killed query's half-written log entries
-    events = plan.writer()
-    if events is not None:  # and its half-written event manifests
-        events.remove_unfinished_manifests()
+    event_writer = plan.writer()
+    if event_writer is not None:  # and its half-written event manifests
+        event_writer.remove_unfinished_manifests()
     writer = (reader.load().writeStream.foreachBatch(batch)
               .option("checkpointLocation", str(checkpoint)))
     return writer.trigger(**trigger).start()

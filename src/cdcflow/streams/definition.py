@@ -232,14 +232,19 @@ class EventFilesDestination(BaseModel):
 Destination = Annotated[CdcTableDestination | EventFilesDestination, Field(discriminator="kind")]
 
 
+DEFAULT_MAX_RECORDS = 25_000
+"""A batch's changes unless a stream says otherwise: the size bench_pg_throughput,
+bench_throughput and bench_spark run with (100,000 drained a backlog slower: README)."""
+
+
 class SparkSettings(BaseModel):
     model_config = _FROZEN
     master: Word = "local[*]"
     trigger_seconds: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
-    max_records_per_trigger: int | None = Field(default=25_000, ge=1, le=2**63 - 1)
-    """At most about this many changes a batch (cut between commit timestamps), the size every
-    benchmark here runs with; null: no limit, so a backlog after a long pause is one batch,
-    held in memory whole by the tasks that fold it."""
+    max_records_per_trigger: int = Field(default=DEFAULT_MAX_RECORDS, ge=1, le=2**63 - 1)
+    """At most about this many changes a batch (cut between commit timestamps), so that a
+    backlog after a long pause is not one batch, held in memory whole by the tasks that fold
+    it. Null means the default: definitions stored when the default was no limit hold it."""
     driver_batch_rows: int = Field(default=20_000, ge=0, le=10_000_000)
     """A batch of at most this many changes is folded and written on the driver, without a
     Spark job (latency); 0 sends every batch to the executors."""
@@ -247,6 +252,11 @@ class SparkSettings(BaseModel):
     """On a cluster: an absolute path that every executor reaches (NFS, or a disk mounted
     at the same place everywhere). The destinations must lie under it; the stream's log
     segments and its own row state go there (README "Running on a cluster")."""
+
+    @field_validator("max_records_per_trigger", mode="before")
+    @classmethod
+    def _default_for_null(cls, limit: object) -> object:
+        return DEFAULT_MAX_RECORDS if limit is None else limit
 
     @field_validator("master")
     @classmethod

@@ -70,10 +70,15 @@ def test_an_appended_log_flows_through_spark_into_events_and_tables(spark, tmp_p
                             "balance INT64", ["id"])
     plan = BatchPlan("pg-shop", "shop", (OBJECT,), {OBJECT: str(table.root.resolve())},
                      "stream:pg-shop", EventsPlan(str(tmp_path / "events"), "json", Rotation()))
+    manifests = tmp_path / "events" / "pg-shop" / "_manifests"
+    unfinished = manifests / f".batch-000000000000.json.{'0' * 32}.tmp"
+    manifests.mkdir(parents=True)
+    unfinished.write_bytes(b'{"batch": "0')  # a driver killed inside a commit left it
     query = start_query(spark, plan, str(tmp_path / "pg.log"), "changes", "earliest",
                         tmp_path / "ckpt", {"availableNow": True})
     query.awaitTermination()
     assert query.exception() is None
+    assert not unfinished.exists()  # the query's start removed it
     assert {r["id"]: (r["owner"], r["balance"]) for r in table.to_arrow().to_pylist()} == {
         1: ("o1", 11), 2: ("o2", 23), 3: ("o3", 33)}
     files = EventFileWriter(tmp_path / "events", "pg-shop").committed_files()

@@ -3,6 +3,8 @@ discovery (EV-9, EV-10)."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -39,19 +41,26 @@ def test_yaml_round_trip_and_object_selection():
 
 @pytest.mark.parametrize(("spark", "limit"), [
     ('{master: "local[2]"}', 25_000),
-    ('{master: "local[2]", max_records_per_trigger: null}', None),
+    ('{master: "local[2]", max_records_per_trigger: null}', 25_000),
     ('{master: "local[2]", max_records_per_trigger: 7}', 7),
 ])
-def test_a_batch_holds_at_most_25000_changes_unless_told_otherwise(spark: str,
-                                                                   limit: int | None):
+def test_a_batch_holds_at_most_25000_changes_unless_told_otherwise(
+        tmp_path: Path, spark: str, limit: int):
     """Without a limit, a backlog after a long pause was one batch, held whole in memory by
-    the tasks that fold it; the default is the size the benchmarks run with. It survives a
-    round trip through YAML, as the catalog keeps it."""
+    the tasks that fold it. A definition the catalog stored while null meant no limit gets
+    the default too, as does one read from YAML."""
     definition = StreamDefinition.from_yaml(
         YAML.replace('{master: "local[2]", trigger_seconds: 0.5}', spark))
     assert definition.spark.max_records_per_trigger == limit
-    again = StreamDefinition.from_yaml(definition.to_yaml())
-    assert again.spark.max_records_per_trigger == limit
+    catalog = Catalog(tmp_path / "catalog.db")
+    catalog.create(definition)
+    assert catalog.get(definition.name).definition.spark.max_records_per_trigger == limit
+    with sqlite3.connect(tmp_path / "catalog.db") as conn:  # as stored before the default
+        stored = json.loads(conn.execute("SELECT definition FROM streams").fetchone()[0])
+        stored["spark"]["max_records_per_trigger"] = None
+        conn.execute("UPDATE streams SET definition = ?", (json.dumps(stored),))
+    conn.close()
+    assert catalog.get(definition.name).definition.spark.max_records_per_trigger == 25_000
 
 
 @pytest.mark.parametrize(("text", "needle"), [
