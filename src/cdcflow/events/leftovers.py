@@ -58,17 +58,9 @@ def remove_leftovers(base: Path, key: str, listed: Iterable[str]) -> list[Path]:
     was deleted. Best effort: what it cannot read or remove stays."""
     paths = [base / path for path in listed]
     kept = {_identity(path) for path in paths} - {None}
-    removed: list[Path] = []
-    for folder in sorted({str(path.parent) for path in paths}):
-        for path in _of_batch(folder, key):
-            if _identity(path) in kept:
-                continue
-            try:
-                os.unlink(path)
-            except OSError:  # gone meanwhile, or not ours to remove
-                continue
-            removed.append(path)
-    return removed
+    found = [path for folder in sorted({str(path.parent) for path in paths})
+             for path in _of_batch(folder, key) if _identity(path) not in kept]
+    return _unlinked(found)
 
 
 _MANIFEST = re.compile(r"batch-.+\.json")
@@ -84,12 +76,17 @@ def remove_unfinished_manifests(folder: Path) -> list[Path]:
     try:
         with os.scandir(folder) as entries:
             found = [Path(e.path) for e in entries
-                     if e.name.startswith(".batch-") and _MANIFEST.fullmatch(written_name(e.name))
-                     and e.name != written_name(e.name) and e.is_file(follow_symlinks=False)]
+                     if (aside := _ASIDE.fullmatch(e.name)) and _MANIFEST.fullmatch(aside["name"])
+                     and e.is_file(follow_symlinks=False)]
     except OSError:
         return []
+    return _unlinked(sorted(found))
+
+
+def _unlinked(paths: Iterable[Path]) -> list[Path]:
+    """Delete the files; those deleted. One gone meanwhile, or not ours to remove, stays."""
     removed = []
-    for path in sorted(found):
+    for path in paths:
         try:
             os.unlink(path)
         except OSError:
