@@ -19,6 +19,7 @@ import io
 import itertools
 import json
 import os
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -96,13 +97,20 @@ class EventFileWriter:
         """Write one part of a batch (e.g. one Spark partition) under names derived from the
         batch, the `layout` of its parts (how the batch was cut into parts) and the part, so
         a replay laid out alike rewrites the same files with the same events, and one laid
-        out otherwise writes other files. Commit with `commit_batch`."""
+        out otherwise writes other files. Objects whose names differ only in letter case
+        (or in Unicode normalisation) number their files on from each other: a filesystem
+        that folds case (macOS's by default) sees one folder, where same names would
+        overwrite each other. Commit with `commit_batch`."""
         if layout and not layout.isalnum():
             raise InvalidArgument(f"part layout {layout!r} must be letters and digits")
         files: list[dict[str, Any]] = []
         cut = f"{layout}-" if layout else ""
+        named: dict[tuple[str, str], int] = {}  # files per folder, as case folding sees it
         for (object_name, minute), group in sorted(self._groups(events).items()):
-            for index, chunk in enumerate(self._rotate(group)):
+            chunks = self._rotate(group)
+            first = named.get((_folded(object_name), minute), 0)
+            named[(_folded(object_name), minute)] = first + len(chunks)
+            for index, chunk in enumerate(chunks, start=first):
                 suffix = "jsonl" if self.fmt == "json" else "avro"
                 name = f"batch-{self._key(batch_id)}-{cut}p{part:05d}-{index:04d}.{suffix}"
                 path = self.base / object_name / minute / name
@@ -202,6 +210,13 @@ class EventFileWriter:
         buffer = io.BytesIO()
         write_avro(buffer, [event for event, _ in chunk], name)
         return buffer.getvalue()
+
+
+def _folded(name: str) -> str:
+    """A folder name as a filesystem that folds case may see it: broader than any such
+    filesystem's folding (APFS folds case and normalisation), so no two names it sees as one
+    differ here."""
+    return unicodedata.normalize("NFKD", unicodedata.normalize("NFKD", name).casefold())
 
 
 def _minute_folder(when: datetime) -> str:

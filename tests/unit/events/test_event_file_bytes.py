@@ -5,6 +5,7 @@ manifest lists it with its sha256, and the file read back must still be the one 
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from cdcflow import Database
 from cdcflow.errors import InvalidArgument
+from cdcflow.events.avro_format import read_avro
 from cdcflow.events.files import EventFileWriter, Rotation
 from tests.unit.events.test_events import events_of
 
@@ -79,3 +81,31 @@ def test_a_layout_that_is_not_a_plain_word_is_refused(db: Database, tmp_path: Pa
                                               "letters and digits"):
         EventFileWriter(tmp_path / "events", "s", "json").write_part(5, 1, events, layout)
     assert not (tmp_path / "events").exists()
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+@pytest.mark.parametrize("names", [("Orders", "orders"), ("Caf\u00e9", "Cafe\u0301")])
+def test_objects_one_to_a_case_folding_filesystem_keep_their_own_files(
+        db: Database, tmp_path: Path, fmt: str, names: tuple[str, str]):
+    """EV-2, exactly once. A filesystem that folds case (macOS's by default) gives two objects
+    whose names differ only in letter case, or in Unicode normalisation, one folder. Here a
+    link makes the second name reach the first's folder, as such a filesystem does. The two
+    objects' files in one part of a batch must not share a name there, where one would
+    overwrite the other: every event of both is read back from what the manifest lists."""
+    events = some_events(db)
+    both = ([e._replace(object=names[0]) for e in events[:25]]
+            + [e._replace(object=names[1]) for e in events[25:]])
+    base = tmp_path / "s"
+    (base / names[0]).mkdir(parents=True)
+    (base / names[1]).symlink_to(names[0])
+    writer = EventFileWriter(tmp_path, "s", fmt, Rotation(max_events=7))
+    writer.commit_batch(1, writer.write_part(1, 0, both, "driver"))
+
+    read = []
+    for part in writer.committed_parts():
+        found = (part.json_events() if fmt == "json"
+                 else [e.to_json() for e in read_avro(io.BytesIO(part.read_bytes()))])
+        read += [(e["object"], e["uuid"]) for e in found]
+    assert sorted(read) == sorted((e.object, e.uuid) for e in both)
+    parts = writer.committed_parts()
+    assert len(parts) > 2 and len({p.path.name for p in parts}) == len(parts)
