@@ -16,7 +16,7 @@ from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import AlreadyExists, NotFound
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.sqlite import connect, write_transaction
-from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.definition import StreamDefinition, folded_name
 from cdcflow.streams.states import StreamState, check_deletable, transition
 
 _SCHEMA = [
@@ -37,6 +37,31 @@ class StreamRecord:
     state: StreamState
     changed: float
     retries: int
+
+
+def _check_distinct(definition: StreamDefinition, others: list[StreamDefinition]) -> None:
+    """A new stream's name is none of `others`' names, even to what it names (`folded_name`),
+    and it holds nothing on its source that one of them holds (`held_on_source`)."""
+    held = definition.held_on_source()
+    for other in others:
+        if other.name == definition.name:
+            raise AlreadyExists(f"stream {definition.name!r} exists already")
+        if folded_name(other.name) == folded_name(definition.name):
+            raise AlreadyExists(
+                f"stream {definition.name!r} differs from stream {other.name!r} only in letter "
+                f"case or in '-' against '_': the two would share the default PostgreSQL "
+                f"replication slot {definition.slot_name()!r} and, on a filesystem that folds "
+                f"case, their log, state and event folders; choose another name")
+        for what, value in other.held_on_source().items():
+            if held.get(what) == value:
+                raise AlreadyExists(
+                    f"stream {definition.name!r} would use the {what} {value!r} that stream "
+                    f"{other.name!r} uses: on one server, each would take it from the other, so "
+                    f"each stream of a catalog holds its own; set {_FIELDS[what]}")
+
+
+_FIELDS = {"replication slot": "source.slot", "publication": "source.publication",
+           "replica server_id": "source.server_id"}
 
 
 class Catalog:
@@ -62,9 +87,8 @@ class Catalog:
 
     def create(self, definition: StreamDefinition) -> None:
         with self._write() as conn:
-            if conn.execute("SELECT 1 FROM streams WHERE name = ?",
-                            (definition.name,)).fetchone():
-                raise AlreadyExists(f"stream {definition.name!r} exists already")
+            _check_distinct(definition, [StreamDefinition.parse(json.loads(text)) for (text,)
+                                         in conn.execute("SELECT definition FROM streams")])
             conn.execute("INSERT INTO streams(name, definition, state, changed) "
                          "VALUES (?, ?, ?, ?)", (definition.name, definition.model_dump_json(),
                                                  StreamState.NOT_STARTED.value, self._now()))

@@ -4,6 +4,7 @@ backfill mode, destinations and Spark settings. Validated by pydantic; YAML or P
 from __future__ import annotations
 
 import fnmatch
+import zlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -273,6 +274,14 @@ class SparkSettings(BaseModel):
         return root
 
 
+def folded_name(name: str) -> str:
+    """A stream name as what it names sees it: its default replication slot and publication
+    ignore letter case and `-` against `_`, and a filesystem that folds case (macOS's, by
+    default) ignores letter case in its log, state and event folders. Two streams of one
+    catalog must differ here (`Catalog.create`)."""
+    return name.lower().replace("-", "_")
+
+
 class StreamDefinition(BaseModel):
     """A stream: one source to its destinations (EV-1)."""
 
@@ -294,8 +303,25 @@ class StreamDefinition(BaseModel):
         return data
 
     def slot_name(self) -> str:
-        """The replication slot (and publication) name: given, or cdcflow_<stream name>."""
-        return f"cdcflow_{self.name.lower().replace('-', '_')}"
+        """The default replication slot and publication name: cdcflow_<stream name>."""
+        return f"cdcflow_{folded_name(self.name)}"
+
+    def replica_server_id(self) -> int:
+        """A MySQL source's replica server_id: given, or derived from the stream's name
+        (distinct from common small ids)."""
+        given = self.source.server_id if isinstance(self.source, MySqlSource) else None
+        return given or 100_000 + zlib.crc32(self.name.encode()) % 1_000_000_000
+
+    def held_on_source(self) -> dict[str, str]:
+        """What the stream holds on its source server that a second stream must not hold too
+        (it would take it from the first): its PostgreSQL slot and publication, its MySQL
+        replica server_id."""
+        if isinstance(self.source, PostgresSource):
+            return {"replication slot": self.source.slot or self.slot_name(),
+                    "publication": self.source.publication or self.slot_name()}
+        if isinstance(self.source, MySqlSource):
+            return {"replica server_id": str(self.replica_server_id())}
+        return {}
 
     def selects(self, object_name: str) -> bool:
         included = any(fnmatch.fnmatchcase(object_name, p) for p in self.include)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cdcflow.capture.embedded import EmbeddedSource as EmbeddedChangeSource
 from cdcflow.capture.mysql.connection import Endpoint
-from cdcflow.capture.mysql.source import MySqlConfig, default_server_id
+from cdcflow.capture.mysql.source import MySqlConfig
 from cdcflow.capture.mysql.source import MySqlSource as MySqlChangeSource
 from cdcflow.capture.postgres.source import PostgresConfig
 from cdcflow.capture.postgres.source import PostgresSource as PostgresChangeSource
@@ -41,10 +41,10 @@ def open_source(definition: StreamDefinition, home: str | Path,
         case EmbeddedSource(database=database, change_stream=change_stream):
             return EmbeddedChangeSource(database, change_stream)
         case PostgresSource() as source:
-            default = definition.slot_name()
+            held = definition.held_on_source()
             return PostgresChangeSource(PostgresConfig(
-                source.dsn, source.password_env, source.slot or default,
-                source.publication or default, log_path(definition, home),
+                source.dsn, source.password_env, held["replication slot"],
+                held["publication"], log_path(definition, home),
                 definition.include, definition.exclude, source.heartbeat_seconds,
                 dict(source.primary_keys), dict(source.numeric_precision),
                 int(source.retained_wal_warning_mb * 1024 * 1024), source.chunk_rows),
@@ -52,7 +52,7 @@ def open_source(definition: StreamDefinition, home: str | Path,
         case MySqlSource() as source:
             return MySqlChangeSource(MySqlConfig(
                 Endpoint(source.host, source.port, source.user, source.password_env),
-                source.databases, source.server_id or default_server_id(definition.name),
+                source.databases, definition.replica_server_id(),
                 log_path(definition, home), definition.include, definition.exclude,
                 source.chunk_rows, source.heartbeat_seconds, source.on_position_lost),
                 hooks=hooks)

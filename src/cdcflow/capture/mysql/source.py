@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fnmatch
 import threading
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,11 +56,6 @@ class MySqlConfig:
     def selects(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.include) and not any(
             fnmatch.fnmatchcase(name, p) for p in self.exclude)
-
-
-def default_server_id(stream: str) -> int:
-    """A replica server_id derived from the stream's name (distinct from common small ids)."""
-    return 100_000 + zlib.crc32(stream.encode()) % 1_000_000_000
 
 
 class MySqlSource:
