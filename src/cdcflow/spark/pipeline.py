@@ -39,6 +39,7 @@ from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
 from cdcflow.table.fold import added_fields, fold_mods, pending_rows
+from cdcflow.table.folders import TableFolders
 from cdcflow.table.pending import (
     PendingLogs,
     applied_version,
@@ -289,6 +290,7 @@ def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
     """A CdcTable per table the stream watches (keys + watched columns), created if missing."""
     definition = database.change_stream(stream)
     roots = {}
+    folders = TableFolders()  # two tables named alike but for case: one folder on macOS
     for name in database.tables():
         if not definition.watches(name):
             continue
@@ -296,8 +298,10 @@ def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
         watched = set(definition.watched_columns(schema)) | set(schema.primary_key)
         fields = [pa.field(c.name, arrow_type(c.type), not c.not_null)
                   for c in schema.columns if c.name in watched]
+        folders.check(Path(warehouse) / name, name)
         table = CdcTable.ensure(Path(warehouse) / name, pa.schema(fields),
                                 list(schema.primary_key), max_staleness=max_staleness)
+        folders.add(table.root, name)
         roots[name] = str(table.root.resolve())
     return roots
 

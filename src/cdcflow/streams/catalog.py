@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import AlreadyExists, NotFound
+from cdcflow.errors import AlreadyExists, InvalidArgument, NotFound
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.sqlite import connect, write_transaction
 from cdcflow.streams.definition import StreamDefinition, folded_name
@@ -39,25 +39,30 @@ class StreamRecord:
     retries: int
 
 
-def _check_distinct(definition: StreamDefinition, others: list[StreamDefinition]) -> None:
-    """A new stream's name is none of `others`' names, even to what it names (`folded_name`),
-    and it holds nothing on its source that one of them holds (`held_on_source`)."""
-    held = definition.held_on_source()
-    for other in others:
-        if other.name == definition.name:
+def _check_distinct(definition: StreamDefinition, stored: list[tuple[str, str]]) -> None:
+    """A new stream's name is none of the `stored` streams' (name, definition JSON) names,
+    even to what it names (`folded_name`), and it holds nothing on its source server that
+    one of them holds there (`held_on_source`)."""
+    for name, text in stored:
+        if name == definition.name:
             raise AlreadyExists(f"stream {definition.name!r} exists already")
-        if folded_name(other.name) == folded_name(definition.name):
+        if folded_name(name) == folded_name(definition.name):
             raise AlreadyExists(
-                f"stream {definition.name!r} differs from stream {other.name!r} only in letter "
-                f"case or in '-' against '_': the two would share the default PostgreSQL "
-                f"replication slot {definition.slot_name()!r} and, on a filesystem that folds "
-                f"case, their log, state and event folders; choose another name")
-        for what, value in other.held_on_source().items():
-            if held.get(what) == value:
+                f"stream {definition.name!r} differs from stream {name!r} only in letter case "
+                f"or in '-' against '_': on a filesystem that folds case (macOS's by default) "
+                f"the two would share their log, state and event folders, and from "
+                f"PostgreSQL their default replication slot and publication "
+                f"{definition.slot_name()!r}; choose another name")
+        try:
+            held = StreamDefinition.parse(json.loads(text)).held_on_source()
+        except InvalidArgument:  # stored by another version: its name is what it holds
+            continue
+        for what, (value, server) in definition.held_on_source().items():
+            if held.get(what) == (value, server):
                 raise AlreadyExists(
-                    f"stream {definition.name!r} would use the {what} {value!r} that stream "
-                    f"{other.name!r} uses: on one server, each would take it from the other, so "
-                    f"each stream of a catalog holds its own; set {_FIELDS[what]}")
+                    f"stream {definition.name!r} would use the {what} {value!r} on {server} "
+                    f"that stream {name!r} uses: each would take it from the other; set "
+                    f"{_FIELDS[what]}")
 
 
 _FIELDS = {"replication slot": "source.slot", "publication": "source.publication",
@@ -87,8 +92,8 @@ class Catalog:
 
     def create(self, definition: StreamDefinition) -> None:
         with self._write() as conn:
-            _check_distinct(definition, [StreamDefinition.parse(json.loads(text)) for (text,)
-                                         in conn.execute("SELECT definition FROM streams")])
+            _check_distinct(definition,
+                            conn.execute("SELECT name, definition FROM streams").fetchall())
             conn.execute("INSERT INTO streams(name, definition, state, changed) "
                          "VALUES (?, ?, ?, ?)", (definition.name, definition.model_dump_json(),
                                                  StreamState.NOT_STARTED.value, self._now()))

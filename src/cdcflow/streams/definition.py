@@ -312,15 +312,20 @@ class StreamDefinition(BaseModel):
         given = self.source.server_id if isinstance(self.source, MySqlSource) else None
         return given or 100_000 + zlib.crc32(self.name.encode()) % 1_000_000_000
 
-    def held_on_source(self) -> dict[str, str]:
-        """What the stream holds on its source server that a second stream must not hold too
-        (it would take it from the first): its PostgreSQL slot and publication, its MySQL
-        replica server_id."""
+    def held_on_source(self) -> dict[str, tuple[str, str]]:
+        """What the stream holds on its source server that a second stream must not hold
+        too, as (name, server): its PostgreSQL slot (on the server) and publication (in the
+        database), its MySQL replica server_id. Servers as the definition writes them."""
         if isinstance(self.source, PostgresSource):
-            return {"replication slot": self.source.slot or self.slot_name(),
-                    "publication": self.source.publication or self.slot_name()}
+            from cdcflow.capture.postgres.connection import database_of, server_of
+
+            dsn = self.source.dsn
+            return {"replication slot": (self.source.slot or self.slot_name(), server_of(dsn)),
+                    "publication": (self.source.publication or self.slot_name(),
+                                    database_of(dsn))}
         if isinstance(self.source, MySqlSource):
-            return {"replica server_id": str(self.replica_server_id())}
+            return {"replica server_id": (str(self.replica_server_id()),
+                                          f"{self.source.host}:{self.source.port}")}
         return {}
 
     def selects(self, object_name: str) -> bool:

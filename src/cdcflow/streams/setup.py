@@ -17,7 +17,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from cdcflow.capture.source import ChangeSource, SourceObject
-from cdcflow.errors import FailedPrecondition
 from cdcflow.events.files import Rotation
 from cdcflow.spark.pipeline import BatchPlan, EventsPlan
 from cdcflow.streams.definition import CdcTableDestination, EventFilesDestination
@@ -25,6 +24,7 @@ from cdcflow.streams.definition import StreamDefinition as Definition
 from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type
+from cdcflow.table.folders import TableFolders
 from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
 
 DEFAULT_APPLY_SECONDS = 10.0
@@ -85,38 +85,19 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
                                 destination.delete_retention_seconds)
         files_kept = destination.file_retention_seconds
     roots: dict[str, str] = {}
-    folders: dict[tuple[int, int], str] = {}  # a table folder, by its identity: its object
+    folders = TableFolders()
     for item in objects:
         if not item.primary_key:
             continue
-        _check_own_folder(folder / item.name, item.name, folders)
+        folders.check(folder / item.name, item.name)
         table = CdcTable.ensure(
             folder / item.name, table_schema(item), list(item.primary_key),
             max_staleness=None if staleness is None else timedelta(seconds=staleness),
             delete_retention=timedelta(seconds=retention),
             file_retention=timedelta(seconds=files_kept))
-        found = os.stat(table.root)
-        folders[(found.st_dev, found.st_ino)] = item.name
+        folders.add(table.root, item.name)
         roots[item.name] = str(table.root.resolve())
     return roots
-
-
-def _check_own_folder(root: Path, name: str, folders: dict[tuple[int, int], str]) -> None:
-    """The table folder of object `name` is not already another object's (`folders`, by
-    identity), checked before the table is opened: on a filesystem that folds case (macOS's
-    by default), objects whose names differ only in letter case reach one folder, and would
-    write one table."""
-    try:
-        found = os.stat(root)
-    except FileNotFoundError:
-        return
-    other = folders.get((found.st_dev, found.st_ino))
-    if other is not None:
-        raise FailedPrecondition(
-            f"objects {other!r} and {name!r} would share one CDC table: '{root}' is the "
-            f"folder of {other!r} on this filesystem (one that does not tell letter case "
-            f"apart sees one name); leave one of them out (include, exclude) or keep the "
-            f"tables on a filesystem that tells case apart")
 
 
 def prepare_stream(definition: Definition, home: Path) -> StreamSetup:

@@ -97,7 +97,8 @@ def test_objects_one_to_a_case_folding_filesystem_keep_their_own_files(
             + [e._replace(object=names[1]) for e in events[25:]])
     base = tmp_path / "s"
     (base / names[0]).mkdir(parents=True)
-    (base / names[1]).symlink_to(names[0])
+    if not (base / names[1]).exists():  # a filesystem that folds needs no link
+        (base / names[1]).symlink_to(names[0])
     writer = EventFileWriter(tmp_path, "s", fmt, Rotation(max_events=7))
     writer.commit_batch(1, writer.write_part(1, 0, both, "driver"))
 

@@ -10,13 +10,16 @@ that another stream of the catalog uses, given or by default."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
+from cdcflow import Database
 from cdcflow.capture.source import SourceColumn, SourceObject
 from cdcflow.errors import AlreadyExists, FailedPrecondition
 from cdcflow.model.types import parse_type
+from cdcflow.spark.pipeline import _embedded_tables
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.setup import ensure_tables
@@ -52,10 +55,17 @@ def test_a_stream_whose_name_folds_to_another_s_is_refused(tmp_path: Path, first
         catalog.create(definition(second))
     message = str(refused.value)
     assert f"stream {second!r} differs from stream {first!r} only in letter case" in message
-    assert f"replication slot {slot!r}" in message
+    assert f"default replication slot and publication {slot!r}" in message
     assert [r.definition.name for r in catalog.streams()] == [first]
     catalog.create(definition(f"{first}2"))  # a name of its own is taken
     assert {r.definition.name for r in catalog.streams()} == {first, f"{first}2"}
+
+
+def folds_case(path: Path, target: str) -> None:
+    """Make `path` reach the folder `target` beside it, as a filesystem that folds case
+    does by itself (where it does, nothing is to be done)."""
+    if not path.exists():
+        path.symlink_to(target)
 
 
 def orders(name: str) -> SourceObject:
@@ -67,21 +77,42 @@ def test_objects_that_would_share_a_cdc_table_folder_are_refused(tmp_path: Path)
     """A link makes `public.orders` reach the folder of `public.Orders`, as a filesystem
     that folds case does: the stream's setup fails before it opens the second table."""
     warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    (warehouse / "public.orders").symlink_to("public.Orders")
+    (warehouse / "public.Orders").mkdir(parents=True)
+    folds_case(warehouse / "public.orders", "public.Orders")
     objects = [orders("public.Orders"), orders("public.orders")]
     with pytest.raises(FailedPrecondition) as refused:
         ensure_tables(definition("lake", warehouse), objects, tmp_path)
     assert str(refused.value).startswith(
         f"objects 'public.Orders' and 'public.orders' would share one CDC table: "
         f"'{warehouse / 'public.orders'}' is the folder of 'public.Orders'")
-    assert sorted(p.name for p in warehouse.iterdir()) == ["public.Orders", "public.orders"]
     assert CdcTable.open(warehouse / "public.Orders").to_arrow().num_rows == 0
+
+
+def test_tables_of_the_embedded_database_that_would_share_a_folder_are_refused(
+        tmp_path: Path):
+    """The embedded database holds `Orders` beside `orders`; `apply_change_stream` makes
+    their CDC tables, and refuses the second where it would open the first's folder."""
+    db = Database.open(str(tmp_path / "shop.db"))
+    for table in ("Orders", "orders"):
+        db.ddl(f"CREATE TABLE {table} (Id INT64 NOT NULL, Note STRING(MAX)) PRIMARY KEY (Id)")
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    warehouse = tmp_path / "warehouse"
+    (warehouse / "Orders").mkdir(parents=True)
+    folds_case(warehouse / "orders", "Orders")
+    with pytest.raises(FailedPrecondition, match="objects 'Orders' and 'orders' would share"):
+        _embedded_tables(db, "S", warehouse, None)
+    db.close()
 
 
 def test_objects_with_folders_of_their_own_each_get_a_table(tmp_path: Path):
     """Where the filesystem tells case apart, the two names are two tables."""
     warehouse = tmp_path / "warehouse"
+    (warehouse / "Probe").mkdir(parents=True)
+    if (warehouse / "probe").exists():  # it folds case: the test above is this one here
+        with pytest.raises(FailedPrecondition):
+            ensure_tables(definition("lake", warehouse),
+                          [orders("public.Orders"), orders("public.orders")], tmp_path)
+        return
     roots = ensure_tables(definition("lake", warehouse),
                           [orders("public.Orders"), orders("public.orders")], tmp_path)
     assert set(roots) == {"public.Orders", "public.orders"}
@@ -91,28 +122,31 @@ def test_objects_with_folders_of_their_own_each_get_a_table(tmp_path: Path):
     assert again == roots
 
 
-@pytest.mark.parametrize(("first", "second", "what", "value", "field"), [
+OTHER_DB = "host=db dbname=other user=cdc"
+
+
+@pytest.mark.parametrize(("first", "second", "what", "value", "server", "field"), [
     (definition("a", slot="shared"), definition("b", slot="shared"),
-     "replication slot", "shared", "source.slot"),
-    (definition("a"), definition("b", slot="cdcflow_a"),  # a's by default
-     "replication slot", "cdcflow_a", "source.slot"),
+     "replication slot", "shared", "db:5432", "source.slot"),
+    (definition("a"), definition("b", slot="cdcflow_a", dsn=OTHER_DB),  # a's by default;
+     "replication slot", "cdcflow_a", "db:5432", "source.slot"),  # a slot is the server's
     (definition("a", publication="pub"), definition("b", publication="pub"),
-     "publication", "pub", "source.publication"),
+     "publication", "pub", "db:5432/shop", "source.publication"),
     (mysql("a", server_id=5401), mysql("b", server_id=5401),
-     "replica server_id", "5401", "source.server_id"),
+     "replica server_id", "5401", "db:3306", "source.server_id"),
     (mysql("a"), mysql("b", server_id=mysql("a").replica_server_id()),
-     "replica server_id", str(mysql("a").replica_server_id()), "source.server_id")])
+     "replica server_id", str(mysql("a").replica_server_id()), "db:3306",
+     "source.server_id")])
 def test_a_stream_that_would_hold_what_another_holds_is_refused(
         tmp_path: Path, first: StreamDefinition, second: StreamDefinition, what: str,
-        value: str, field: str):
+        value: str, server: str, field: str):
     catalog = Catalog(tmp_path / "catalog.db")
     catalog.create(first)
     with pytest.raises(AlreadyExists) as refused:
         catalog.create(second)
     assert str(refused.value) == (
-        f"stream 'b' would use the {what} {value!r} that stream 'a' uses: on one server, "
-        f"each would take it from the other, so each stream of a catalog holds its own; "
-        f"set {field}")
+        f"stream 'b' would use the {what} {value!r} on {server} that stream 'a' uses: each "
+        f"would take it from the other; set {field}")
     assert [r.definition.name for r in catalog.streams()] == ["a"]
 
 
@@ -124,8 +158,23 @@ def test_streams_that_hold_their_own_are_created(tmp_path: Path):
         "name": "c", "source": {"database": "shop.db", "change_stream": "Everything"},
         "destinations": [{"kind": "event_files", "root": "events"}]})
     for stream in (definition("a", slot="slot_a"), definition("b", publication="slot_a"),
-                   embedded,
-                   mysql("m1"), mysql("m2"), mysql("m3", server_id=5401)):
+                   embedded, mysql("m1"), mysql("m2"), mysql("m3", server_id=5401),
+                   mysql("m4", server_id=5401, host="db2"),  # the same id, another server
+                   definition("d", slot="slot_a", dsn="host=db2 dbname=shop"),
+                   definition("e", publication="cdcflow_a", dsn=OTHER_DB)):  # other database
         catalog.create(stream)
-    assert len(catalog.streams()) == 6
+    assert len(catalog.streams()) == 9
     assert mysql("m1").replica_server_id() != mysql("m2").replica_server_id()
+
+
+def test_a_stored_definition_this_version_cannot_read_still_holds_its_name(tmp_path: Path):
+    """A stream stored by another version, whose definition this one cannot parse, does not
+    stop others from being created; its own name (and what folds to it) is still refused."""
+    catalog = Catalog(tmp_path / "catalog.db")
+    catalog.create(definition("old"))
+    with sqlite3.connect(tmp_path / "catalog.db") as conn:
+        conn.execute("UPDATE streams SET definition = ? WHERE name = 'old'",
+                     ('{"name": "old", "source": {"kind": "carrier-pigeon"}}',))
+    catalog.create(definition("new", slot="cdcflow_old"))
+    with pytest.raises(AlreadyExists, match="'Old' differs from stream 'old'"):
+        catalog.create(definition("Old"))

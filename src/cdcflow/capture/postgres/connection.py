@@ -40,9 +40,18 @@ def check_dsn(dsn: str) -> str:
 
 def describe_dsn(dsn: str) -> str:
     """host:port/dbname as user, for messages."""
+    return f"{database_of(dsn)} as {psycopg2.extensions.parse_dsn(dsn).get('user', '?')}"
+
+
+def server_of(dsn: str) -> str:
+    """host:port, as the DSN writes them (libpq's defaults where it says nothing)."""
     parts = psycopg2.extensions.parse_dsn(dsn)
-    return (f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/"
-            f"{parts.get('dbname', '?')} as {parts.get('user', '?')}")
+    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}"
+
+
+def database_of(dsn: str) -> str:
+    """host:port/dbname, as the DSN writes them."""
+    return f"{server_of(dsn)}/{psycopg2.extensions.parse_dsn(dsn).get('dbname', '?')}"
 
 
 def connect(dsn: str, password_env: str | None, replication: bool = False) -> Any:
