@@ -290,7 +290,7 @@ def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
     """A CdcTable per table the stream watches (keys + watched columns), created if missing."""
     definition = database.change_stream(stream)
     roots = {}
-    folders = TableFolders()  # two tables named alike but for case: one folder on macOS
+    folders = TableFolders("the change stream's FOR clause")  # one folder on macOS
     for name in database.tables():
         if not definition.watches(name):
             continue

@@ -43,26 +43,28 @@ def _check_distinct(definition: StreamDefinition, stored: list[tuple[str, str]])
     """A new stream's name is none of the `stored` streams' (name, definition JSON) names,
     even to what it names (`folded_name`), and it holds nothing on its source server that
     one of them holds there (`held_on_source`)."""
+    held = definition.held_on_source()
     for name, text in stored:
         if name == definition.name:
             raise AlreadyExists(f"stream {definition.name!r} exists already")
         if folded_name(name) == folded_name(definition.name):
             raise AlreadyExists(
                 f"stream {definition.name!r} differs from stream {name!r} only in letter case "
-                f"or in '-' against '_': on a filesystem that folds case (macOS's by default) "
-                f"the two would share their log, state and event folders, and from "
+                f"or in '-' against '_': the two would share their log, state and event "
+                f"folders on a filesystem that folds case (macOS's by default), and from "
                 f"PostgreSQL their default replication slot and publication "
                 f"{definition.slot_name()!r}; choose another name")
         try:
-            held = StreamDefinition.parse(json.loads(text)).held_on_source()
+            theirs = StreamDefinition.parse(json.loads(text)).held_on_source()
         except InvalidArgument:  # stored by another version: its name is what it holds
             continue
-        for what, (value, server) in definition.held_on_source().items():
-            if held.get(what) == (value, server):
+        for what, (value, servers) in held.items():
+            other_value, other_servers = theirs.get(what, ("", frozenset()))
+            if value == other_value and servers & other_servers:
                 raise AlreadyExists(
-                    f"stream {definition.name!r} would use the {what} {value!r} on {server} "
-                    f"that stream {name!r} uses: each would take it from the other; set "
-                    f"{_FIELDS[what]}")
+                    f"stream {definition.name!r} would use the {what} {value!r} on "
+                    f"{', '.join(sorted(servers & other_servers))} that stream {name!r} uses: "
+                    f"each would take it from the other; set {_FIELDS[what]}")
 
 
 _FIELDS = {"replication slot": "source.slot", "publication": "source.publication",

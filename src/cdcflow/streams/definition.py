@@ -312,21 +312,31 @@ class StreamDefinition(BaseModel):
         given = self.source.server_id if isinstance(self.source, MySqlSource) else None
         return given or 100_000 + zlib.crc32(self.name.encode()) % 1_000_000_000
 
-    def held_on_source(self) -> dict[str, tuple[str, str]]:
+    def held_on_source(self) -> dict[str, tuple[str, frozenset[str]]]:
         """What the stream holds on its source server that a second stream must not hold
-        too, as (name, server): its PostgreSQL slot (on the server) and publication (in the
-        database), its MySQL replica server_id. Servers as the definition writes them."""
+        too, as (name, the servers it may be on): its PostgreSQL slot (on the server) and
+        publication (in the database), its MySQL replica server_id. Servers as the
+        definition writes them."""
         if isinstance(self.source, PostgresSource):
-            from cdcflow.capture.postgres.connection import database_of, server_of
+            from cdcflow.capture.postgres.connection import databases_of, servers_of
 
             dsn = self.source.dsn
-            return {"replication slot": (self.source.slot or self.slot_name(), server_of(dsn)),
-                    "publication": (self.source.publication or self.slot_name(),
-                                    database_of(dsn))}
+            return {"replication slot": (self.slot(), servers_of(dsn)),
+                    "publication": (self.publication(), databases_of(dsn))}
         if isinstance(self.source, MySqlSource):
             return {"replica server_id": (str(self.replica_server_id()),
-                                          f"{self.source.host}:{self.source.port}")}
+                                          frozenset({f"{self.source.host}:{self.source.port}"}))}
         return {}
+
+    def slot(self) -> str:
+        """A PostgreSQL source's replication slot: given, or `slot_name()`."""
+        given = self.source.slot if isinstance(self.source, PostgresSource) else None
+        return given or self.slot_name()
+
+    def publication(self) -> str:
+        """A PostgreSQL source's publication: given, or `slot_name()`."""
+        given = self.source.publication if isinstance(self.source, PostgresSource) else None
+        return given or self.slot_name()
 
     def selects(self, object_name: str) -> bool:
         included = any(fnmatch.fnmatchcase(object_name, p) for p in self.include)

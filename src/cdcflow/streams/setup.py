@@ -85,7 +85,7 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
                                 destination.delete_retention_seconds)
         files_kept = destination.file_retention_seconds
     roots: dict[str, str] = {}
-    folders = TableFolders()
+    folders = TableFolders("the definition's include and exclude")
     for item in objects:
         if not item.primary_key:
             continue

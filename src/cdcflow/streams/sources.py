@@ -41,10 +41,9 @@ def open_source(definition: StreamDefinition, home: str | Path,
         case EmbeddedSource(database=database, change_stream=change_stream):
             return EmbeddedChangeSource(database, change_stream)
         case PostgresSource() as source:
-            held = definition.held_on_source()
             return PostgresChangeSource(PostgresConfig(
-                source.dsn, source.password_env, held["replication slot"][0],
-                held["publication"][0], log_path(definition, home),
+                source.dsn, source.password_env, definition.slot(),
+                definition.publication(), log_path(definition, home),
                 definition.include, definition.exclude, source.heartbeat_seconds,
                 dict(source.primary_keys), dict(source.numeric_precision),
                 int(source.retained_wal_warning_mb * 1024 * 1024), source.chunk_rows),

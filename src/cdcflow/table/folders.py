@@ -19,8 +19,10 @@ from cdcflow.errors import FailedPrecondition
 class TableFolders:
     """The table folders of the objects opened so far, by (device, inode)."""
 
-    def __init__(self) -> None:
+    def __init__(self, remedy: str) -> None:
         self._objects: dict[tuple[int, int], str] = {}
+        self.remedy = remedy
+        """How the caller's user leaves one object out, for the message."""
 
     def check(self, root: Path, name: str) -> None:
         """FailedPrecondition if `root`, object `name`'s table folder, is another object's."""
@@ -30,7 +32,7 @@ class TableFolders:
             raise FailedPrecondition(
                 f"objects {other!r} and {name!r} would share one CDC table: '{root}' is the "
                 f"folder of {other!r} on this filesystem (one that does not tell letter case "
-                f"apart sees one name); leave one of them out (include, exclude) or keep the "
+                f"apart sees one name); leave one of them out ({self.remedy}) or keep the "
                 f"tables on a filesystem that tells case apart")
 
     def add(self, root: Path, name: str) -> None:

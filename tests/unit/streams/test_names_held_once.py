@@ -1,12 +1,13 @@
-"""Names that what they name sees as one, and what a stream holds on its source server. A
-stream's default replication slot and
-publication ignore letter case and `-` against `_`; a filesystem that folds case (macOS's, by
-default) ignores letter case in the stream's log, state and event folders, and in the folders
-of its objects' CDC tables. Two such streams would take each other's slot (a stream's first
-start drops a slot of its name and makes it anew) and publication; two such objects would
-write one Delta table. Both are refused, naming the two and the rule, and nothing is
+"""Names that what they name sees as one, and what a stream holds on its source server.
+
+A stream's default replication slot and publication ignore letter case and `-` against `_`;
+a filesystem that folds case (macOS's, by default) ignores letter case in the stream's log,
+state and event folders, and in the folders of its objects' CDC tables. Two such streams
+would take each other's slot (a stream's first start drops its slot, unless a reader holds
+it, and makes it anew) and publication (it sets the publication's tables); two such objects
+would write one Delta table. Both are refused, naming the two and the rule, and nothing is
 written. So is a stream that would use a slot, a publication or a MySQL replica server_id
-that another stream of the catalog uses, given or by default."""
+that another stream of the catalog uses on the same server, given or by default."""
 
 from __future__ import annotations
 
@@ -130,8 +131,17 @@ OTHER_DB = "host=db dbname=other user=cdc"
      "replication slot", "shared", "db:5432", "source.slot"),
     (definition("a"), definition("b", slot="cdcflow_a", dsn=OTHER_DB),  # a's by default;
      "replication slot", "cdcflow_a", "db:5432", "source.slot"),  # a slot is the server's
+    (definition("a", slot="s", dsn="postgresql://db1,db2:5433/shop"),  # one host in common
+     definition("b", slot="s", dsn="host=db2,db3 port=5433,5432"),
+     "replication slot", "s", "db2:5433", "source.slot"),
+    (definition("a", slot="s", dsn="hostaddr=10.0.0.1 port=5433"),
+     definition("b", slot="s", dsn="postgresql://10.0.0.1:5433/shop"),
+     "replication slot", "s", "10.0.0.1:5433", "source.slot"),
     (definition("a", publication="pub"), definition("b", publication="pub"),
      "publication", "pub", "db:5432/shop", "source.publication"),
+    (definition("a", publication="pub", dsn="host=db user=shop"),  # dbname: the user's
+     definition("b", publication="pub"), "publication", "pub", "db:5432/shop",
+     "source.publication"),
     (mysql("a", server_id=5401), mysql("b", server_id=5401),
      "replica server_id", "5401", "db:3306", "source.server_id"),
     (mysql("a"), mysql("b", server_id=mysql("a").replica_server_id()),
@@ -161,9 +171,13 @@ def test_streams_that_hold_their_own_are_created(tmp_path: Path):
                    embedded, mysql("m1"), mysql("m2"), mysql("m3", server_id=5401),
                    mysql("m4", server_id=5401, host="db2"),  # the same id, another server
                    definition("d", slot="slot_a", dsn="host=db2 dbname=shop"),
-                   definition("e", publication="cdcflow_a", dsn=OTHER_DB)):  # other database
+                   definition("e", publication="cdcflow_a", dsn=OTHER_DB),  # other database
+                   definition("f", slot="slot_a", dsn="hostaddr=10.0.0.2"),  # other servers
+                   definition("g", slot="slot_a", dsn="host=db,db2 port=5433"),
+                   definition("h", slot="slot_a", dsn="service=shop"),
+                   definition("i", publication="slot_a", dsn="host=db user=other")):
         catalog.create(stream)
-    assert len(catalog.streams()) == 9
+    assert len(catalog.streams()) == 13
     assert mysql("m1").replica_server_id() != mysql("m2").replica_server_id()
 
 

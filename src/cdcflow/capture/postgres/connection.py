@@ -40,18 +40,32 @@ def check_dsn(dsn: str) -> str:
 
 def describe_dsn(dsn: str) -> str:
     """host:port/dbname as user, for messages."""
-    return f"{database_of(dsn)} as {psycopg2.extensions.parse_dsn(dsn).get('user', '?')}"
-
-
-def server_of(dsn: str) -> str:
-    """host:port, as the DSN writes them (libpq's defaults where it says nothing)."""
     parts = psycopg2.extensions.parse_dsn(dsn)
-    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}"
+    return (f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/"
+            f"{parts.get('dbname', '?')} as {parts.get('user', '?')}")
 
 
-def database_of(dsn: str) -> str:
-    """host:port/dbname, as the DSN writes them."""
-    return f"{server_of(dsn)}/{psycopg2.extensions.parse_dsn(dsn).get('dbname', '?')}"
+def servers_of(dsn: str) -> frozenset[str]:
+    """The servers a DSN may reach, each `host:port` as the DSN writes it: its lists of hosts
+    (or `hostaddr`) and ports paired as libpq pairs them, `localhost` and 5432 where it
+    names none, `service NAME` for a service file's entry."""
+    parts = psycopg2.extensions.parse_dsn(dsn)
+    if "service" in parts and not {"host", "hostaddr"} & set(parts):
+        return frozenset({f"service {parts['service']}"})
+    hosts = str(parts.get("hostaddr") or parts.get("host") or "").split(",")
+    ports = str(parts.get("port") or "").split(",")
+    ports = ports * len(hosts) if len(ports) == 1 else ports
+    pairs = zip(hosts, ports, strict=False)  # lists of two lengths: libpq refuses the DSN
+    return frozenset(f"[{host}]:{port or 5432}" if ":" in host else
+                     f"{host or 'localhost'}:{port or 5432}" for host, port in pairs)
+
+
+def databases_of(dsn: str) -> frozenset[str]:
+    """`host:port/dbname` for each of `servers_of`; the database named after the user where
+    the DSN names none, as libpq does."""
+    parts = psycopg2.extensions.parse_dsn(dsn)
+    name = parts.get("dbname") or parts.get("user") or "?"
+    return frozenset(f"{server}/{name}" for server in servers_of(dsn))
 
 
 def connect(dsn: str, password_env: str | None, replication: bool = False) -> Any:
