@@ -11,10 +11,10 @@ so those two get 13 and 12. Three more runners stand by, as a user who wants fas
 failover would run them: a standby warms up once with a throwaway stream, and a runner is
 killed only once one of them is warm, so that each takeover is a warm standby's (a runner
 started again that takes over cold is test_runner_crash.py's). The runner started again
-stands by in its turn. In a whole run of `make test` on one machine, 16 of each took 713 s
-(the suite 36 minutes) and 8 of each 357 s (the suite 28.5 minutes); 5 of each keeps the
-suite under its 25 there. `bench/faults.py --faults 100 --postgres --standbys 3` is the long
-campaign."""
+stands by in its turn. In whole runs of `make test`, 16 of each took 713 s on one machine
+(the suite 36 minutes); on another, 8 of each took 357 s (the suite 28.5 minutes, with other
+work beside it) and 5 of each 225 s (the suite 24.5 minutes). The long campaign is
+`bench/faults.py --faults 100 --postgres --standbys 3`."""
 
 from __future__ import annotations
 
