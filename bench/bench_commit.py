@@ -11,7 +11,11 @@ as cdcflow (WAL, synchronous=NORMAL) and one transaction per 5 upserts.
 the statements a commit issues (meta, the versions lookup, the version inserts, the journal
 row), with every value made beforehand: what SQLite alone costs, the WAL frames (pages)
 each commit writes, and so the best on/sqlite3 ratio this storage layout allows.
-Usage: python bench/bench_commit.py [--transactions 4000] [--rows 5] [--profile | --floor]
+By default every upsert inserts (4,000 transactions of 5 cover the 20,000 keys once); with
+`--updates` the table is filled first (untimed), so every upsert updates a row, which with
+the stream on also records the row's old values.
+Usage: python bench/bench_commit.py [--transactions 4000] [--rows 5] [--updates]
+       [--profile | --floor]
 """
 
 from __future__ import annotations
@@ -42,20 +46,28 @@ TABLE = (
 )
 KEYS = 20_000
 """Upserts cycle over this many keys: inserts first, then updates."""
+FILL_ROWS = 1_000
+"""Rows per transaction of the untimed fill (`--updates`)."""
 
 
 def row(i: int) -> dict[str, object]:
     return {"Id": i % KEYS, "Customer": f"c{i % 97}", "Amount": i, "Note": "x" * 40}
 
 
-def run_cdcflow(folder: Path, stream_on: bool, transactions: int, rows: int
-                ) -> tuple[float, float]:
-    """(rows/s of the commits, seconds a reader then took to settle the journal they left)."""
+def run_cdcflow(folder: Path, stream_on: bool, transactions: int, rows: int,
+                filled: bool = False) -> tuple[float, float]:
+    """(rows/s of the commits, seconds a reader then took to settle the journal they left);
+    `filled`: every key is inserted first, untimed (its journal settled)."""
     db = Database.open(str(folder / f"bench-{stream_on}.db"),
                        partition_policy=PartitionPolicy(split_records=50_000))
     db.ddl(TABLE)
     if stream_on:
         db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    for first in range(0, KEYS if filled else 0, FILL_ROWS):
+        with db.transaction() as tx:
+            for key in range(first, min(first + FILL_ROWS, KEYS)):
+                tx.insert_or_update("Orders", row(key))
+    db.current_timestamp()
     began = time.perf_counter()
     for t in range(transactions):
         with db.transaction() as tx:
@@ -69,7 +81,7 @@ def run_cdcflow(folder: Path, stream_on: bool, transactions: int, rows: int
     return transactions * rows / elapsed, settling
 
 
-def run_sqlite(folder: Path, transactions: int, rows: int) -> float:
+def run_sqlite(folder: Path, transactions: int, rows: int, filled: bool = False) -> float:
     conn = sqlite3.connect(folder / "raw.db", isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
@@ -78,6 +90,9 @@ def run_sqlite(folder: Path, transactions: int, rows: int) -> float:
     upsert = ("INSERT INTO Orders(Id, Customer, Amount, Note) VALUES (?, ?, ?, ?) "
               "ON CONFLICT(Id) DO UPDATE SET Customer = excluded.Customer, "
               "Amount = excluded.Amount, Note = excluded.Note")
+    if filled:
+        with conn:
+            conn.executemany(upsert, [tuple(row(key).values()) for key in range(KEYS)])
     began = time.perf_counter()
     for t in range(transactions):
         conn.execute("BEGIN IMMEDIATE")
@@ -159,6 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transactions", type=int, default=4000)
     parser.add_argument("--rows", type=int, default=5)
+    parser.add_argument("--updates", action="store_true",
+                        help="fill the table first, so that every upsert updates a row")
     parser.add_argument("--profile", action="store_true",
                         help="profile one run with the stream on and print its top entries")
     parser.add_argument("--floor", action="store_true",
@@ -178,21 +195,23 @@ def main() -> None:
         for attempt in range(2):
             run = Path(folder) / str(attempt)
             run.mkdir()
-            results["raw"].append(run_sqlite(run, args.transactions, args.rows))
-            results["off"].append(run_cdcflow(run, False, args.transactions, args.rows)[0])
-            rate, settling = run_cdcflow(run, True, args.transactions, args.rows)
+            shape = (args.transactions, args.rows, args.updates)
+            results["raw"].append(run_sqlite(run, *shape))
+            results["off"].append(run_cdcflow(run, False, *shape)[0])
+            rate, settling = run_cdcflow(run, True, *shape)
             results["on"].append(rate)
             settles.append(settling)
     off, on, raw = (max(results[k]) for k in ("off", "on", "raw"))
-    print_results(args.transactions, args.rows, (off, on, raw), min(settles))
+    print_results(args.transactions, args.rows, (off, on, raw), min(settles), args.updates)
 
 
 def print_results(transactions: int, rows: int, rates: tuple[float, float, float],
-                  settling: float) -> None:
+                  settling: float, updates: bool) -> None:
     off, on, raw = rates
     total_rows = transactions * rows
     with_settling = total_rows / (total_rows / on + settling)
-    print(f"commit path, {transactions} transactions x {rows} upserts")
+    kind = "each an update of a row" if updates else f"over {KEYS:,} keys, inserts first"
+    print(f"commit path, {transactions} transactions x {rows} upserts ({kind})")
     print(f"  plain sqlite3 (baseline): {raw:,.0f} rows/s")
     print(f"  change stream off       : {off:,.0f} rows/s")
     print(f"  change stream on        : {on:,.0f} rows/s")
