@@ -58,17 +58,14 @@ def _check_distinct(definition: StreamDefinition, stored: list[tuple[str, str]])
             theirs = StreamDefinition.parse(json.loads(text)).held_on_source()
         except InvalidArgument:  # stored by another version: its name is what it holds
             continue
-        for what, (value, servers) in held.items():
-            other_value, other_servers = theirs.get(what, ("", frozenset()))
-            if value == other_value and servers & other_servers:
+        for field, mine in held.items():
+            other = theirs.get(field)
+            shared = mine.servers & other.servers if other is not None else frozenset()
+            if shared and other is not None and mine.value == other.value:
                 raise AlreadyExists(
-                    f"stream {definition.name!r} would use the {what} {value!r} on "
-                    f"{', '.join(sorted(servers & other_servers))} that stream {name!r} uses: "
-                    f"each would take it from the other; set {_FIELDS[what]}")
-
-
-_FIELDS = {"replication slot": "source.slot", "publication": "source.publication",
-           "replica server_id": "source.server_id"}
+                    f"stream {definition.name!r} would use the {mine.what} {mine.value!r} on "
+                    f"{', '.join(sorted(shared))} that stream {name!r} uses: each would take "
+                    f"it from the other; set {field}")
 
 
 class Catalog:

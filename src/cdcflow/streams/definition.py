@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import zlib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
@@ -274,6 +274,15 @@ class SparkSettings(BaseModel):
         return root
 
 
+class Held(NamedTuple):
+    """A thing a stream holds on its source (`StreamDefinition.held_on_source`): what it is,
+    its name, and the servers (or databases) it may be on."""
+
+    what: str
+    value: str
+    servers: frozenset[str]
+
+
 def folded_name(name: str) -> str:
     """A stream name as what it names sees it: its default replication slot and publication
     ignore letter case and `-` against `_`, and a filesystem that folds case (macOS's, by
@@ -312,20 +321,22 @@ class StreamDefinition(BaseModel):
         given = self.source.server_id if isinstance(self.source, MySqlSource) else None
         return given or 100_000 + zlib.crc32(self.name.encode()) % 1_000_000_000
 
-    def held_on_source(self) -> dict[str, tuple[str, frozenset[str]]]:
+    def held_on_source(self) -> dict[str, Held]:
         """What the stream holds on its source server that a second stream must not hold
-        too, as (name, the servers it may be on): its PostgreSQL slot (on the server) and
-        publication (in the database), its MySQL replica server_id. Servers as the
-        definition writes them."""
+        too, by the field that names it: its PostgreSQL slot (on the server) and publication
+        (in the database), its MySQL replica server_id. Servers as the definition writes
+        them."""
         if isinstance(self.source, PostgresSource):
             from cdcflow.capture.postgres.connection import databases_of, servers_of
 
             dsn = self.source.dsn
-            return {"replication slot": (self.slot(), servers_of(dsn)),
-                    "publication": (self.publication(), databases_of(dsn))}
+            return {"source.slot": Held("replication slot", self.slot(), servers_of(dsn)),
+                    "source.publication": Held("publication", self.publication(),
+                                               databases_of(dsn))}
         if isinstance(self.source, MySqlSource):
-            return {"replica server_id": (str(self.replica_server_id()),
-                                          frozenset({f"{self.source.host}:{self.source.port}"}))}
+            server = frozenset({f"{self.source.host}:{self.source.port}"})
+            return {"source.server_id": Held("replica server_id",
+                                             str(self.replica_server_id()), server)}
         return {}
 
     def slot(self) -> str:
