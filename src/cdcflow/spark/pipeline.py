@@ -12,6 +12,7 @@ as arguments.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +40,7 @@ from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
 from cdcflow.table.fold import added_fields, fold_mods, pending_rows
-from cdcflow.table.folders import TableFolders
+from cdcflow.table.folders import TableFolders, TableWriter
 from cdcflow.table.pending import (
     PendingLogs,
     applied_version,
@@ -286,22 +287,27 @@ def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,
 
 
 def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
-                     max_staleness: timedelta | None) -> dict[str, str]:
-    """A CdcTable per table the stream watches (keys + watched columns), created if missing."""
+                     max_staleness: timedelta | None, app_id: str) -> dict[str, str]:
+    """A CdcTable per table the stream watches (keys + watched columns), created if missing;
+    `app_id` names the stream as the tables' writer."""
     definition = database.change_stream(stream)
     roots = {}
     folders = TableFolders("the change stream's FOR clause")  # one folder on macOS
-    for name in database.tables():
-        if not definition.watches(name):
-            continue
+    writer = functools.partial(TableWriter, app_id, f"change stream {stream!r}",
+                               remedy="give the change stream a warehouse of its own")
+    watched = [name for name in database.tables() if definition.watches(name)]
+    for name in watched:  # every table's writer first: another's table stops us here
+        writer(object=name).check(Path(warehouse) / name)
+    for name in watched:
         schema = database.table_schema(name)
-        watched = set(definition.watched_columns(schema)) | set(schema.primary_key)
+        columns = set(definition.watched_columns(schema)) | set(schema.primary_key)
         fields = [pa.field(c.name, arrow_type(c.type), not c.not_null)
-                  for c in schema.columns if c.name in watched]
+                  for c in schema.columns if c.name in columns]
         folders.check(Path(warehouse) / name, name)
         table = CdcTable.ensure(Path(warehouse) / name, pa.schema(fields),
                                 list(schema.primary_key), max_staleness=max_staleness)
         folders.add(table.root, name)
+        writer(object=name).claim(table.root)
         roots[name] = str(table.root.resolve())
     return roots
 
@@ -330,9 +336,9 @@ def apply_change_stream(
     (`keyed_batch`).
     """
     db = Database.open(database, create=False)
-    roots = _embedded_tables(db, stream, warehouse, max_staleness)
-    plan = BatchPlan(stream, database, tuple(roots), roots,
-                     f"change-stream:{Path(database).resolve()}:{stream}")
+    app_id = f"change-stream:{Path(database).resolve()}:{stream}"
+    roots = _embedded_tables(db, stream, warehouse, max_staleness, app_id)
+    plan = BatchPlan(stream, database, tuple(roots), roots, app_id)
     return start_query(spark, plan, database, stream, starting_timestamp, checkpoint,
                        trigger or {"processingTime": "1 second"}, max_records_per_trigger,
                        on_batch, segment_root=segment_root)

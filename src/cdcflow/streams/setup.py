@@ -24,7 +24,7 @@ from cdcflow.streams.definition import StreamDefinition as Definition
 from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type
-from cdcflow.table.folders import TableFolders
+from cdcflow.table.folders import TableFolders, TableWriter
 from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
 
 DEFAULT_APPLY_SECONDS = 10.0
@@ -86,9 +86,10 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
         files_kept = destination.file_retention_seconds
     roots: dict[str, str] = {}
     folders = TableFolders("the definition's include and exclude")
-    for item in objects:
-        if not item.primary_key:
-            continue
+    keyed = [item for item in objects if item.primary_key]
+    for item in keyed:  # every table's writer first: another stream's table stops us here
+        table_writer(definition, item.name).check(folder / item.name)
+    for item in keyed:
         folders.check(folder / item.name, item.name)
         table = CdcTable.ensure(
             folder / item.name, table_schema(item), list(item.primary_key),
@@ -96,8 +97,20 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
             delete_retention=timedelta(seconds=retention),
             file_retention=timedelta(seconds=files_kept))
         folders.add(table.root, item.name)
+        table_writer(definition, item.name).claim(table.root)
         roots[item.name] = str(table.root.resolve())
     return roots
+
+
+def table_writer(definition: Definition, name: str) -> TableWriter:
+    """The stream as the writer of object `name`'s CDC table (its checkpoint's app id)."""
+    return TableWriter(app_id(definition), f"stream {definition.name!r}", name,
+                       "give one of the streams a warehouse of its own, or leave the object "
+                       "out of one (its include and exclude)")
+
+
+def app_id(definition: Definition) -> str:
+    return f"stream:{definition.name}"
 
 
 def prepare_stream(definition: Definition, home: Path) -> StreamSetup:
@@ -107,7 +120,7 @@ def prepare_stream(definition: Definition, home: Path) -> StreamSetup:
     tables = ensure_tables(definition, list(objects.values()), home)
     label = source.log_location()[0]
     plan = BatchPlan(definition.name, label, tuple(objects), tables,
-                     f"stream:{definition.name}", events_plan(definition),
+                     app_id(definition), events_plan(definition),
                      definition.spark.driver_batch_rows)
     keyless = tuple(sorted(o for o in objects if o not in tables)) \
         if cdc_destination(definition) is not None else ()

@@ -82,7 +82,8 @@ def run_two_batches(spark: Any, db: Database, path: str, folder: Path,
                     bounds: list[int], driver_rows: int = 0) -> None:
     """Both batches through `run_batch`; with `driver_rows` 1, the driver counts each
     slice's mods (and leaves the batch, larger, to the executors)."""
-    tables = pipeline._embedded_tables(db, "Everything", folder / "warehouse", None)
+    tables = pipeline._embedded_tables(db, "Everything", folder / "warehouse", None,
+                                       f"app-{folder.name}")
     plan = BatchPlan("keyed", path, tuple(tables), tables, f"app-{folder.name}",
                      EventsPlan(str(folder / "events"), "json", Rotation()),
                      driver_rows=driver_rows)

@@ -101,7 +101,7 @@ def test_tables_of_the_embedded_database_that_would_share_a_folder_are_refused(
     (warehouse / "Orders").mkdir(parents=True)
     folds_case(warehouse / "orders", "Orders")
     with pytest.raises(FailedPrecondition, match="objects 'Orders' and 'orders' would share"):
-        _embedded_tables(db, "S", warehouse, None)
+        _embedded_tables(db, "S", warehouse, None, "change-stream:S")
     db.close()
 
 

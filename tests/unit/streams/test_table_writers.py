@@ -1,0 +1,160 @@
+"""One writer per CDC table. Two streams given one warehouse, each with an object of the same
+name, would apply two sources' changes into one Delta table, each overwriting the other's
+rows in the order of its own source (AP-2's sequence numbers of two sources do not compare).
+The first writer to open a table claims it (`cdcflow.table.folders.TableWriter`); a second
+is refused before it creates any table, naming both writers, the folder and the way out.
+Streams whose objects differ share a warehouse freely, and a restart opens its own tables."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdcflow import Database
+from cdcflow.capture.source import SourceColumn, SourceObject
+from cdcflow.errors import FailedPrecondition
+from cdcflow.model.types import parse_type
+from cdcflow.spark.pipeline import _embedded_tables
+from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.setup import ensure_tables
+from cdcflow.table import CdcTable
+from cdcflow.table.folders import WRITER_FILE, TableWriter
+
+pytestmark = pytest.mark.unit
+
+
+def definition(name: str, warehouse: Path) -> StreamDefinition:
+    return StreamDefinition.parse({
+        "name": name, "source": {"kind": "postgres", "dsn": f"host=db dbname={name}"},
+        "destinations": [{"kind": "cdc_table", "warehouse": str(warehouse)}]})
+
+
+def table(name: str) -> SourceObject:
+    return SourceObject(name, (SourceColumn("id", parse_type("INT64"), False, 1, 1),
+                               SourceColumn("note", parse_type("STRING(MAX)"), True, None, 2)))
+
+
+def claim_of(root: Path) -> dict[str, str]:
+    held: dict[str, str] = json.loads((root / "_cdcflow" / WRITER_FILE).read_text())
+    return held
+
+
+def test_a_second_stream_s_object_of_the_same_name_is_refused_before_any_table(
+        tmp_path: Path):
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("a", warehouse), [table("public.orders"), table("public.items")],
+                  tmp_path)
+    with pytest.raises(FailedPrecondition) as refused:
+        ensure_tables(definition("b", warehouse),
+                      [table("public.customers"), table("public.orders")], tmp_path)
+    assert str(refused.value).startswith(
+        f"stream 'b' would apply 'public.orders' into the CDC table "
+        f"'{warehouse / 'public.orders'}', which stream 'a' applies 'public.orders' into: "
+        "two writers, each in the order of its own source, would overwrite each other's "
+        "rows; give one of the streams a warehouse of its own")
+    assert not (warehouse / "public.customers").exists()  # checked before any table is made
+    assert claim_of(warehouse / "public.orders")["writer"] == "stream:a"
+
+
+def test_streams_with_objects_of_their_own_share_a_warehouse(tmp_path: Path):
+    warehouse = tmp_path / "warehouse"
+    first = ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+    second = ensure_tables(definition("b", warehouse), [table("public.items")], tmp_path)
+    assert ensure_tables(definition("a", warehouse), [table("public.orders")],
+                         tmp_path) == first  # a restart opens its own table
+    assert claim_of(Path(first["public.orders"])) == {
+        "writer": "stream:a", "what": "stream 'a'", "object": "public.orders"}
+    assert claim_of(Path(second["public.items"]))["writer"] == "stream:b"
+
+
+def test_a_table_made_before_claims_goes_to_the_first_stream_that_opens_it(tmp_path: Path):
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+    (warehouse / "public.orders" / "_cdcflow" / WRITER_FILE).unlink()  # as a table of before
+    ensure_tables(definition("b", warehouse), [table("public.orders")], tmp_path)
+    assert claim_of(warehouse / "public.orders")["writer"] == "stream:b"
+    with pytest.raises(FailedPrecondition, match="which stream 'b' applies"):
+        ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+
+
+def test_the_message_names_the_file_whose_removal_hands_the_table_over(tmp_path: Path):
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+    with pytest.raises(FailedPrecondition) as refused:
+        ensure_tables(definition("b", warehouse), [table("public.orders")], tmp_path)
+    claim = warehouse / "public.orders" / "_cdcflow" / WRITER_FILE
+    assert str(refused.value).endswith(
+        f"If stream 'a' is gone for good, remove '{claim}' and this one takes the table over")
+    claim.unlink()
+    ensure_tables(definition("b", warehouse), [table("public.orders")], tmp_path)
+    assert claim_of(warehouse / "public.orders")["writer"] == "stream:b"
+
+
+def test_an_embedded_change_stream_s_tables_are_its_own(tmp_path: Path):
+    """`apply_change_stream` claims its tables too; a runner stream given that warehouse
+    and an object of a table's name is refused, and the other way round."""
+    db = Database.open(str(tmp_path / "shop.db"))
+    db.ddl("CREATE TABLE Orders (Id INT64 NOT NULL, Note STRING(MAX)) PRIMARY KEY (Id)")
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    warehouse = tmp_path / "warehouse"
+    _embedded_tables(db, "S", warehouse, None, "change-stream:shop:S")
+    with pytest.raises(FailedPrecondition, match="which change stream 'S' applies 'Orders'"):
+        ensure_tables(definition("a", warehouse), [table("Orders")], tmp_path)
+    ensure_tables(definition("a", tmp_path / "other"), [table("Orders")], tmp_path)
+    with pytest.raises(FailedPrecondition, match="change stream 'S' would apply 'Orders'"):
+        _embedded_tables(db, "S", tmp_path / "other", None, "change-stream:shop:S")
+    db.close()
+
+
+def test_a_claimed_folder_another_object_reaches_is_refused(tmp_path: Path):
+    """A link makes `public.Orders` reach the folder `public.orders` is claimed in, as a
+    filesystem that folds case does; the claim in the folder finds it though the stream
+    no longer opens `public.orders` beside it."""
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+    if not (warehouse / "public.Orders").exists():
+        (warehouse / "public.Orders").symlink_to("public.orders")
+    with pytest.raises(FailedPrecondition) as refused:
+        ensure_tables(definition("a", warehouse), [table("public.Orders")], tmp_path)
+    assert str(refused.value).startswith(
+        "objects 'public.orders' and 'public.Orders' would share one CDC table: "
+        f"'{warehouse / 'public.Orders'}' is the folder of 'public.orders'")
+
+
+def claim_at_once(root: str, writer: str, ready: Any, results: Any) -> None:
+    ready.wait(30)
+    try:
+        TableWriter(writer, f"stream {writer!r}", "Orders", "a warehouse of its own").claim(
+            Path(root))
+        results.put((writer, "claimed"))
+    except FailedPrecondition as error:
+        results.put((writer, str(error)))
+
+
+def test_writers_that_claim_one_table_at_once_leave_exactly_one_writer(tmp_path: Path):
+    """Processes released together claim one table: one succeeds, every other is refused
+    naming it, and no aside file is left."""
+    root = tmp_path / "Orders"
+    CdcTable.ensure(root, pa.schema([pa.field("Id", pa.int64(), False)]), ["Id"])
+    context = multiprocessing.get_context("spawn")
+    ready, results = context.Barrier(6), context.Queue()
+    workers = [context.Process(target=claim_at_once, args=(str(root), f"w{n}", ready, results))
+               for n in range(6)]
+    for worker in workers:
+        worker.start()
+    outcomes = dict(results.get(timeout=60) for _ in workers)
+    for worker in workers:
+        worker.join(30)
+        assert worker.exitcode == 0
+    [winner] = [w for w, outcome in outcomes.items() if outcome == "claimed"]
+    assert claim_of(root)["writer"] == winner
+    for writer, outcome in outcomes.items():
+        if writer != winner:
+            assert f"which stream {winner!r} applies 'Orders' into" in outcome, outcome
+    assert sorted(p.name for p in (root / "_cdcflow").iterdir()
+                  if WRITER_FILE in p.name) == [WRITER_FILE]
