@@ -1,6 +1,6 @@
 """sysbench, a workload nobody in the project wrote, against the MySQL/MariaDB source: the
 stream starts (backfill of the sbtest tables, then binlog CDC) while `sysbench
-oltp_read_write` runs with 4 threads for 60 s, and the whole runner is SIGKILLed during the
+oltp_read_write` runs with 4 threads for 40 s, and the whole runner is SIGKILLed during the
 backfill, at the handoff to CDC and while streaming; afterwards the capture has reached the
 server's binlog position and every sbtest table equals its CDC table (checksums over rows
 sorted by key). sysbench runs at 100 transactions a second so that the runner's restarts
@@ -20,17 +20,17 @@ pytestmark = pytest.mark.integration
 
 def test_sysbench_with_the_runner_killed_at_random_points(tmp_path: Path):
     report = sysbench_campaign(SysbenchCampaign(tmp_path, tables=4, table_size=10_000,
-                                                threads=4, seconds=60, kills=3, rate=100,
+                                                threads=4, seconds=40, kills=3, rate=100,
                                                 seed=11))
     kills = report["kills"]
     assert [kill["at"] for kill in kills] == ["backfill", "handoff", "streaming 1"], kills
     assert kills[0]["state"] == "STARTING" and kills[0]["sysbench_running"], kills[0]
     assert kills[1]["state"] == kills[2]["state"] == "RUNNING", kills
-    assert report["sysbench"]["transactions"] > 3_000, report["sysbench"]  # 100/s for 60 s
-    assert report["sysbench"]["writes"] > 12_000, report["sysbench"]
+    assert report["sysbench"]["transactions"] > 2_000, report["sysbench"]  # 100/s for 40 s
+    assert report["sysbench"]["writes"] > 8_000, report["sysbench"]
     binlog = report["binlog"]
-    assert binlog["cdc_transactions"] > 3_000, binlog  # after the snapshot: through the binlog
-    assert report["status"]["rows_processed"] > 12_000, report["status"]  # 4 rows a transaction
+    assert binlog["cdc_transactions"] > 2_000, binlog  # after the snapshot: through the binlog
+    assert report["status"]["rows_processed"] > 8_000, report["status"]  # 4 rows a transaction
     assert binlog["captured"]["log_file"] == binlog["server"]["log_file"]
     assert binlog["captured"]["log_position"] >= binlog["server"]["log_position"], binlog
     checks = report["checks"]
