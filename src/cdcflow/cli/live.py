@@ -9,11 +9,12 @@ from typing import Any
 
 from rich.table import Table
 
-from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.catalog import Catalog, UnreadableStream
 
 
 def snapshot(catalog: Catalog) -> list[dict[str, Any]]:
-    return [catalog.status(r.definition.name) for r in catalog.streams()]
+    return [catalog.status(r.name if isinstance(r, UnreadableStream) else r.definition.name)
+            for r in catalog.records()]
 
 
 def render(rows: list[dict[str, Any]]) -> Table:

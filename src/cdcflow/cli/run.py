@@ -16,7 +16,7 @@ from rich.live import Live
 from cdcflow.cli.live import is_terminal, log_line, render, snapshot
 from cdcflow.cli.streams import DEFAULT_CATALOG
 from cdcflow.errors import CdcflowError
-from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.catalog import Catalog, StreamRecord
 from cdcflow.streams.cluster import master_of_streams
 from cdcflow.streams.runner import Runner
 
@@ -121,7 +121,8 @@ def run(catalog: str, master: str | None, as_json: bool, verbose: bool,
     log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
     try:
         chosen = master or master_of_streams(
-            [record.definition for record in Catalog(catalog).streams()])
+            [record.definition for record in Catalog(catalog).records()
+             if isinstance(record, StreamRecord)])
         spark = spark_session(chosen, verbose, log_path)  # before the handlers: Spark sets SIGINT
     except KeyboardInterrupt:  # held until the session was up: its JVM exits with this process
         click.echo("runner stopped while Spark was starting; no stream ran", err=True)

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from cdcflow.capture.postgres.connection import describe_dsn
 from cdcflow.errors import CdcflowError
-from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.catalog import Catalog, UnreadableStream
 from cdcflow.streams.definition import (
     EmbeddedSource,
     MySqlSource,
@@ -106,12 +106,17 @@ def create(ctx: click.Context, definition: str, as_json: bool) -> None:
 @_errors
 def list_streams(ctx: click.Context, as_json: bool) -> None:
     """List streams and their states."""
-    records = _catalog(ctx).streams()
     table = Table("name", "state", "source", "destinations")
-    for r in records:
+    rows = []
+    for r in _catalog(ctx).records():
+        if isinstance(r, UnreadableStream):
+            table.add_row(r.name, r.state.value, f"unreadable: {r.error}", "")
+            rows.append({"name": r.name, "state": r.state.value, "unreadable": r.error})
+            continue
         table.add_row(r.definition.name, r.state.value, source_label(r.definition),
                       ", ".join(d.kind for d in r.definition.destinations))
-    _emit(as_json, [{"name": r.definition.name, "state": r.state.value} for r in records], table)
+        rows.append({"name": r.definition.name, "state": r.state.value})
+    _emit(as_json, rows, table)
 
 
 @streams.command()
@@ -155,9 +160,9 @@ _action("reset", "reset", "Return a FAILED_PERMANENTLY stream to NOT_STARTED.")
 def delete(ctx: click.Context, name: str, keep_slot: bool, as_json: bool) -> None:
     """Delete a stream that is not running (and its slot and publication, for PostgreSQL)."""
     catalog = _catalog(ctx)
-    record = catalog.get(name)
-    check_deletable(record.state)
     if not keep_slot:
+        record = catalog.get(name)  # a definition this cdcflow can't read: its error
+        check_deletable(record.state)
         remove_source(record.definition, Path(catalog.path).resolve().parent)
     catalog.delete(name)
     _emit(as_json, {"name": name, "deleted": True, "kept_slot": keep_slot}, f"deleted {name}")

@@ -39,6 +39,28 @@ class StreamRecord:
     retries: int
 
 
+@dataclass(frozen=True, slots=True)
+class UnreadableStream:
+    """A stream whose stored definition this version cannot read: its name, its state and
+    why (the parse error, naming the field)."""
+
+    name: str
+    state: StreamState
+    error: str
+
+
+DRIVEN = frozenset({StreamState.STARTING, StreamState.RUNNING, StreamState.DRAINING,
+                    StreamState.FAILED})
+"""The states in which a runner drives a stream (or retries it)."""
+
+
+def unreadable_message(stream: UnreadableStream) -> str:
+    return (f"stream {stream.name!r}: this cdcflow cannot read its stored definition "
+            f"({stream.error}); run the cdcflow that created it, or delete the stream "
+            f"(`cdcflow streams delete {stream.name} --keep-slot`, then drop its slot and "
+            "publication on the server, if it has them) and create it again")
+
+
 def _check_distinct(definition: StreamDefinition, stored: list[tuple[str, str]]) -> None:
     """A new stream's name is none of the `stored` streams' (name, definition JSON) names,
     even to what it names (`folded_name`), and it holds nothing on its source server that
@@ -114,6 +136,38 @@ class Catalog:
             names = [n for (n,) in conn.execute("SELECT name FROM streams ORDER BY name")]
             return [self._row(conn, n) for n in names]
 
+    def records(self) -> list[StreamRecord | UnreadableStream]:
+        """Every stream in name order, as `streams` gives them; one whose stored definition
+        this version cannot read (a newer cdcflow's, say) as an UnreadableStream, so that
+        it stops only itself."""
+        with self._write() as conn:
+            names = [n for (n,) in conn.execute("SELECT name FROM streams ORDER BY name")]
+            return [self._record_or_unreadable(conn, n) for n in names]
+
+    def _record_or_unreadable(self, conn: sqlite3.Connection, name: str
+                              ) -> StreamRecord | UnreadableStream:
+        try:
+            return self._row(conn, name)
+        except (InvalidArgument, json.JSONDecodeError) as error:
+            (state,) = conn.execute("SELECT state FROM streams WHERE name = ?",
+                                    (name,)).fetchone()
+            return UnreadableStream(name, StreamState(state), str(error))
+
+    def give_up_unreadable(self, stream: UnreadableStream) -> bool:
+        """Fail an unreadable stream that a runner would drive (STARTING, RUNNING, DRAINING
+        or FAILED) permanently, with its error recorded; True if it was."""
+        with self._write() as conn:
+            found = self._record_or_unreadable(conn, stream.name)
+            if not isinstance(found, UnreadableStream) or found.state not in DRIVEN:
+                return False
+            failed = found.state if found.state == StreamState.FAILED else \
+                transition(found.state, "fail")
+            conn.execute("UPDATE streams SET state = ?, changed = ? WHERE name = ?",
+                         (transition(failed, "give_up").value, self._now(), stream.name))
+            conn.execute("INSERT INTO errors(stream, at, object, message) VALUES (?, ?, ?, ?)",
+                         (stream.name, self._now(), "*", unreadable_message(found)))
+        return True
+
     def _now(self) -> float:
         return to_micros(self.clock.now()) / 1e6
 
@@ -167,7 +221,8 @@ class Catalog:
 
     def delete(self, name: str) -> None:
         with self._write() as conn:
-            check_deletable(self._row(conn, name).state)
+            found = self._record_or_unreadable(conn, name)
+            check_deletable(found.state)
             for table, column in (("streams", "name"), ("status", "stream"),
                                   ("errors", "stream")):
                 conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
@@ -180,7 +235,7 @@ class Catalog:
     def errors(self, name: str, limit: int = 50) -> list[dict[str, Any]]:
         """Recent errors, newest first: the FetchStreamErrors analogue (EV-9)."""
         with self._write() as conn:
-            self._row(conn, name)
+            self._record_or_unreadable(conn, name)  # NotFound for no such stream
             rows = conn.execute("SELECT at, object, message FROM errors WHERE stream = ? "
                                 "ORDER BY id DESC LIMIT ?", (name, limit)).fetchall()
         return [{"time": at, "object": obj, "message": message} for at, obj, message in rows]
@@ -192,8 +247,11 @@ class Catalog:
 
     def status(self, name: str) -> dict[str, Any]:
         with self._write() as conn:
-            record = self._row(conn, name)
+            record = self._record_or_unreadable(conn, name)
             rows = conn.execute("SELECT key, value FROM status WHERE stream = ?",
                                 (name,)).fetchall()
+        if isinstance(record, UnreadableStream):
+            return {"name": name, "state": record.state.value, "unreadable": record.error,
+                    **{k: json.loads(v) for k, v in rows}}
         return {"name": name, "state": record.state.value, "retries": record.retries,
                 **{k: json.loads(v) for k, v in rows}}

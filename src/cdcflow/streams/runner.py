@@ -36,7 +36,7 @@ from cdcflow.store.changelog import open_log
 from cdcflow.store.segments import segment_summary
 from cdcflow.streams.applier import Applier
 from cdcflow.streams.backfill import run_backfill
-from cdcflow.streams.catalog import Catalog, StreamRecord
+from cdcflow.streams.catalog import DRIVEN, Catalog, StreamRecord, UnreadableStream
 from cdcflow.streams.cluster import check_master_of, cluster_placement
 from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, is_permanent
 from cdcflow.streams.lease import RunnerLease
@@ -126,7 +126,11 @@ class Runner:
         self._turned.set()
 
     def step(self) -> None:
-        for record in self.catalog.streams():
+        for record in self.catalog.records():
+            if isinstance(record, UnreadableStream):  # stops itself, not the others
+                if record.state in DRIVEN:
+                    self.catalog.give_up_unreadable(record)
+                continue
             try:
                 self._supervise(record)
             except Exception as error:  # a stream's failure must not stop the others

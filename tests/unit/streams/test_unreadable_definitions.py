@@ -1,0 +1,110 @@
+"""A stored definition this cdcflow cannot read (one a newer version wrote, or a rule it no
+longer meets) stops only its own stream. The runner fails that stream permanently, with
+the parse error and the way out recorded, and goes on with the others; `streams list`,
+`status` and `errors` show it; `delete --keep-slot` removes it, and a plain `delete`, which
+needs the definition to drop the source's slot, refuses naming why. Before, the one
+definition stopped the runner, `cdcflow run` and `streams list` for every stream."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cdcflow import FakeClock
+from cdcflow.cli.main import cli
+from cdcflow.errors import InvalidArgument
+from cdcflow.streams.catalog import Catalog, StreamRecord, UnreadableStream
+from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.runner import Runner
+from cdcflow.streams.states import StreamState
+
+pytestmark = pytest.mark.unit
+
+
+def create(catalog: Catalog, name: str, folder: Path) -> None:
+    catalog.create(StreamDefinition.parse({
+        "name": name, "source": {"database": str(folder / "missing.db"), "change_stream": "S"},
+        "destinations": [{"kind": "event_files", "root": str(folder / "events")}]}))
+
+
+def make_unreadable(catalog: Catalog, name: str, state: StreamState) -> None:
+    """As a newer cdcflow would leave it: a source kind this version does not know."""
+    with sqlite3.connect(catalog.path) as conn:
+        (text,) = conn.execute("SELECT definition FROM streams WHERE name = ?",
+                               (name,)).fetchone()
+        stored = json.loads(text)
+        stored["source"] = {"kind": "oracle", "dsn": "db"}
+        conn.execute("UPDATE streams SET definition = ?, state = ? WHERE name = ?",
+                     (json.dumps(stored), state.value, name))
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    catalog = Catalog(tmp_path / "catalog.db", FakeClock())
+    for name in ("a", "b", "c"):
+        create(catalog, name, tmp_path)
+    catalog.act("a", "start")
+    make_unreadable(catalog, "b", StreamState.RUNNING)
+    make_unreadable(catalog, "c", StreamState.PAUSED)
+    return catalog
+
+
+def test_records_give_the_unreadable_apart_and_streams_still_refuse(catalog: Catalog):
+    first, second, third = catalog.records()
+    assert isinstance(first, StreamRecord) and first.definition.name == "a"
+    assert isinstance(second, UnreadableStream) and isinstance(third, UnreadableStream)
+    assert (second.name, second.state, third.state) == ("b", StreamState.RUNNING,
+                                                         StreamState.PAUSED)
+    assert second.error.startswith("invalid stream definition: source")
+    with pytest.raises(InvalidArgument, match="invalid stream definition"):
+        catalog.streams()
+
+
+def test_the_runner_fails_the_unreadable_stream_and_drives_the_others(catalog: Catalog):
+    runner = Runner(catalog.path, spark=None, clock=catalog.clock)
+    for _ in range(3):
+        runner.step()
+        for worker in runner.workers.values():
+            if worker.thread is not None:
+                worker.thread.join()
+    assert catalog.get("a").state == StreamState.FAILED  # driven: its database is missing
+    [error] = catalog.errors("b")
+    assert error["message"].startswith(
+        "stream 'b': this cdcflow cannot read its stored definition (invalid stream "
+        "definition: source")
+    assert error["message"].endswith(
+        "run the cdcflow that created it, or delete the stream (`cdcflow streams delete b "
+        "--keep-slot`, then drop its slot and publication on the server, if it has them) "
+        "and create it again")
+    states = {r.name: r.state for r in catalog.records() if isinstance(r, UnreadableStream)}
+    assert states == {"b": StreamState.FAILED_PERMANENTLY, "c": StreamState.PAUSED}
+    assert catalog.errors("c") == []  # not driven: left as the user left it
+
+
+def cli_run(catalog: Catalog, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["streams", "--catalog", str(catalog.path), *args])
+    return result.exit_code, result.output
+
+
+def test_the_cli_lists_shows_and_deletes_an_unreadable_stream(catalog: Catalog):
+    code, out = cli_run(catalog, "list", "--json")
+    listed = json.loads(out)
+    assert code == 0 and [row["name"] for row in listed] == ["a", "b", "c"]
+    assert listed[1]["state"] == "RUNNING"
+    assert listed[1]["unreadable"].startswith("invalid stream definition: source")
+    code, out = cli_run(catalog, "status", "c", "--json")
+    assert code == 0 and json.loads(out)["unreadable"] == listed[2]["unreadable"]
+    assert cli_run(catalog, "errors", "c", "--json") == (0, "[]\n")
+    code, out = cli_run(catalog, "delete", "c", "--json")
+    assert code == 2 and json.loads(out)["error"] == "InvalidArgument", out
+    assert "invalid stream definition" in out
+    assert [r.name for r in catalog.records() if isinstance(r, UnreadableStream)] == ["b", "c"]
+    assert cli_run(catalog, "delete", "c", "--keep-slot", "--json")[0] == 0
+    code, out = cli_run(catalog, "delete", "b", "--keep-slot", "--json")
+    assert code == 2 and "cannot delete a stream in state RUNNING" in out
+    assert [r.name if isinstance(r, UnreadableStream) else r.definition.name
+            for r in catalog.records()] == ["a", "b"]
