@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cdcflow.capture.postgres.connection import describe_dsn
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import CdcflowError, InvalidArgument
 from cdcflow.streams.catalog import Catalog, UnreadableStream
 from cdcflow.streams.definition import (
     EmbeddedSource,
@@ -110,8 +110,8 @@ def list_streams(ctx: click.Context, as_json: bool) -> None:
     rows = []
     for r in _catalog(ctx).records():
         if isinstance(r, UnreadableStream):
-            table.add_row(r.name, r.state.value, f"unreadable: {r.error}", "")
-            rows.append({"name": r.name, "state": r.state.value, "unreadable": r.error})
+            table.add_row(r.name, r.state, f"unreadable: {r.error}", "")
+            rows.append({"name": r.name, "state": r.state, "unreadable": r.error})
             continue
         table.add_row(r.definition.name, r.state.value, source_label(r.definition),
                       ", ".join(d.kind for d in r.definition.destinations))
@@ -161,7 +161,13 @@ def delete(ctx: click.Context, name: str, keep_slot: bool, as_json: bool) -> Non
     """Delete a stream that is not running (and its slot and publication, for PostgreSQL)."""
     catalog = _catalog(ctx)
     if not keep_slot:
-        record = catalog.get(name)  # a definition this cdcflow can't read: its error
+        try:
+            record = catalog.get(name)
+        except InvalidArgument as error:  # a definition this cdcflow cannot read
+            raise InvalidArgument(
+                f"{error}: without it the stream's slot and publication cannot be dropped; "
+                f"delete it with --keep-slot, then drop them on the server if it has them"
+            ) from None
         check_deletable(record.state)
         remove_source(record.definition, Path(catalog.path).resolve().parent)
     catalog.delete(name)

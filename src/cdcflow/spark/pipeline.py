@@ -12,7 +12,6 @@ as arguments.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -40,7 +39,7 @@ from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
 from cdcflow.table.fold import added_fields, fold_mods, pending_rows
-from cdcflow.table.folders import TableFolders, TableWriter
+from cdcflow.table.folders import TableFolders
 from cdcflow.table.pending import (
     PendingLogs,
     applied_version,
@@ -48,6 +47,7 @@ from cdcflow.table.pending import (
     ingest_stamp,
     write_pending_file,
 )
+from cdcflow.table.writers import TableWriter, claim_tables
 
 OUT_SCHEMA = ("kind STRING, table_root STRING, path STRING, size BIGINT, rows BIGINT, "
               "files STRING, events BIGINT, last_micros BIGINT, added STRING")
@@ -287,17 +287,14 @@ def start_query(spark: Any, plan: BatchPlan, log_path: str, change_stream: str,
 
 
 def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
-                     max_staleness: timedelta | None, app_id: str) -> dict[str, str]:
+                     max_staleness: timedelta | None, writer: TableWriter) -> dict[str, str]:
     """A CdcTable per table the stream watches (keys + watched columns), created if missing;
-    `app_id` names the stream as the tables' writer."""
+    `writer` is the change stream as the tables' writer."""
     definition = database.change_stream(stream)
     roots = {}
     folders = TableFolders("the change stream's FOR clause")  # one folder on macOS
-    writer = functools.partial(TableWriter, app_id, f"change stream {stream!r}",
-                               remedy="give the change stream a warehouse of its own")
     watched = [name for name in database.tables() if definition.watches(name)]
-    for name in watched:  # every table's writer first: another's table stops us here
-        writer(object=name).check(Path(warehouse) / name)
+    claim_tables(writer, {name: Path(warehouse) / name for name in watched})
     for name in watched:
         schema = database.table_schema(name)
         columns = set(definition.watched_columns(schema)) | set(schema.primary_key)
@@ -307,9 +304,15 @@ def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
         table = CdcTable.ensure(Path(warehouse) / name, pa.schema(fields),
                                 list(schema.primary_key), max_staleness=max_staleness)
         folders.add(table.root, name)
-        writer(object=name).claim(table.root)
         roots[name] = str(table.root.resolve())
     return roots
+
+
+def embedded_writer(database: str, stream: str) -> TableWriter:
+    """Change stream `stream` of the database at `database` as a writer of CDC tables."""
+    return TableWriter(f"change-stream:{Path(database).resolve()}:{stream}",
+                       f"change stream {stream!r} of {database!r}",
+                       "give the change stream a warehouse of its own")
 
 
 def apply_change_stream(
@@ -336,9 +339,9 @@ def apply_change_stream(
     (`keyed_batch`).
     """
     db = Database.open(database, create=False)
-    app_id = f"change-stream:{Path(database).resolve()}:{stream}"
-    roots = _embedded_tables(db, stream, warehouse, max_staleness, app_id)
-    plan = BatchPlan(stream, database, tuple(roots), roots, app_id)
+    writer = embedded_writer(database, stream)
+    roots = _embedded_tables(db, stream, warehouse, max_staleness, writer)
+    plan = BatchPlan(stream, database, tuple(roots), roots, writer.writer)
     return start_query(spark, plan, database, stream, starting_timestamp, checkpoint,
                        trigger or {"processingTime": "1 second"}, max_records_per_trigger,
                        on_batch, segment_root=segment_root)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import AlreadyExists, InvalidArgument, NotFound
+from cdcflow.errors import AlreadyExists, FailedPrecondition, NotFound
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.sqlite import connect, write_transaction
 from cdcflow.streams.definition import StreamDefinition, folded_name
@@ -41,17 +41,28 @@ class StreamRecord:
 
 @dataclass(frozen=True, slots=True)
 class UnreadableStream:
-    """A stream whose stored definition this version cannot read: its name, its state and
-    why (the parse error, naming the field)."""
+    """A stream whose stored definition (or state) this version cannot read: its name, its
+    state as stored (a StreamState's value, unless this version knows no such state), its
+    retries and why (the parse error, naming the field)."""
 
     name: str
-    state: StreamState
+    state: str
+    retries: int
     error: str
 
 
 DRIVEN = frozenset({StreamState.STARTING, StreamState.RUNNING, StreamState.DRAINING,
                     StreamState.FAILED})
 """The states in which a runner drives a stream (or retries it)."""
+
+
+def _known(name: str, state: str) -> StreamState:
+    """A stored state as a StreamState; one this version does not know is FailedPrecondition
+    (a newer cdcflow's)."""
+    if state not in StreamState.__members__:
+        raise FailedPrecondition(f"stream {name!r} is in state {state!r}, which this cdcflow "
+                                 "does not know; run the cdcflow that set it")
+    return StreamState(state)
 
 
 def unreadable_message(stream: UnreadableStream) -> str:
@@ -78,7 +89,7 @@ def _check_distinct(definition: StreamDefinition, stored: list[tuple[str, str]])
                 f"{definition.slot_name()!r}; choose another name")
         try:
             theirs = StreamDefinition.parse(json.loads(text)).held_on_source()
-        except InvalidArgument:  # stored by another version: its name is what it holds
+        except ValueError:  # another version's (or not JSON): its name is what it holds
             continue
         for field, mine in held.items():
             other = theirs.get(field)
@@ -148,10 +159,12 @@ class Catalog:
                               ) -> StreamRecord | UnreadableStream:
         try:
             return self._row(conn, name)
-        except (InvalidArgument, json.JSONDecodeError) as error:
-            (state,) = conn.execute("SELECT state FROM streams WHERE name = ?",
-                                    (name,)).fetchone()
-            return UnreadableStream(name, StreamState(state), str(error))
+        except ValueError as error:  # InvalidArgument, not JSON, or a state unknown here
+            state, retries = conn.execute("SELECT state, retries FROM streams WHERE name = ?",
+                                          (name,)).fetchone()
+            why = str(error) if state in StreamState.__members__ else \
+                f"state {state!r} is not one this cdcflow knows"
+            return UnreadableStream(name, state, retries, why)
 
     def give_up_unreadable(self, stream: UnreadableStream) -> bool:
         """Fail an unreadable stream that a runner would drive (STARTING, RUNNING, DRAINING
@@ -160,8 +173,8 @@ class Catalog:
             found = self._record_or_unreadable(conn, stream.name)
             if not isinstance(found, UnreadableStream) or found.state not in DRIVEN:
                 return False
-            failed = found.state if found.state == StreamState.FAILED else \
-                transition(found.state, "fail")
+            failed = StreamState.FAILED if found.state == StreamState.FAILED else \
+                transition(StreamState(found.state), "fail")
             conn.execute("UPDATE streams SET state = ?, changed = ? WHERE name = ?",
                          (transition(failed, "give_up").value, self._now(), stream.name))
             conn.execute("INSERT INTO errors(stream, at, object, message) VALUES (?, ?, ?, ?)",
@@ -179,8 +192,8 @@ class Catalog:
         is written to the status in the same transaction, with the time of the change, so
         that a reader can tell it belongs to the state the stream is in now."""
         with self._write() as conn:
-            current = self._row(conn, name)
-            target = transition(current.state, action)
+            current = self._record_or_unreadable(conn, name)  # a human may pause it, say
+            target = transition(_known(name, current.state), action)
             retries = current.retries + 1 if action == "retry" else (
                 0 if action in ("reset", "resume", "start") else current.retries)
             now = self._now()
@@ -221,8 +234,7 @@ class Catalog:
 
     def delete(self, name: str) -> None:
         with self._write() as conn:
-            found = self._record_or_unreadable(conn, name)
-            check_deletable(found.state)
+            check_deletable(_known(name, self._record_or_unreadable(conn, name).state))
             for table, column in (("streams", "name"), ("status", "stream"),
                                   ("errors", "stream")):
                 conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
@@ -251,7 +263,7 @@ class Catalog:
             rows = conn.execute("SELECT key, value FROM status WHERE stream = ?",
                                 (name,)).fetchall()
         if isinstance(record, UnreadableStream):
-            return {"name": name, "state": record.state.value, "unreadable": record.error,
+            return {"name": name, "state": record.state, "unreadable": record.error,
                     **{k: json.loads(v) for k, v in rows}}
         return {"name": name, "state": record.state.value, "retries": record.retries,
                 **{k: json.loads(v) for k, v in rows}}

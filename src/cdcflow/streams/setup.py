@@ -24,8 +24,9 @@ from cdcflow.streams.definition import StreamDefinition as Definition
 from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type
-from cdcflow.table.folders import TableFolders, TableWriter
+from cdcflow.table.folders import TableFolders
 from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
+from cdcflow.table.writers import TableWriter, claim_tables
 
 DEFAULT_APPLY_SECONDS = 10.0
 """How often the runner applies a table that has no max_staleness."""
@@ -87,8 +88,8 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
     roots: dict[str, str] = {}
     folders = TableFolders("the definition's include and exclude")
     keyed = [item for item in objects if item.primary_key]
-    for item in keyed:  # every table's writer first: another stream's table stops us here
-        table_writer(definition, item.name).check(folder / item.name)
+    writer = table_writer(definition)
+    claim_tables(writer, {item.name: folder / item.name for item in keyed})
     for item in keyed:
         folders.check(folder / item.name, item.name)
         table = CdcTable.ensure(
@@ -97,14 +98,13 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
             delete_retention=timedelta(seconds=retention),
             file_retention=timedelta(seconds=files_kept))
         folders.add(table.root, item.name)
-        table_writer(definition, item.name).claim(table.root)
         roots[item.name] = str(table.root.resolve())
     return roots
 
 
-def table_writer(definition: Definition, name: str) -> TableWriter:
-    """The stream as the writer of object `name`'s CDC table (its checkpoint's app id)."""
-    return TableWriter(app_id(definition), f"stream {definition.name!r}", name,
+def table_writer(definition: Definition) -> TableWriter:
+    """The stream as the writer of its CDC tables (its checkpoint's app id)."""
+    return TableWriter(app_id(definition), f"stream {definition.name!r}",
                        "give one of the streams a warehouse of its own, or leave the object "
                        "out of one (its include and exclude)")
 

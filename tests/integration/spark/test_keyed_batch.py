@@ -83,7 +83,7 @@ def run_two_batches(spark: Any, db: Database, path: str, folder: Path,
     """Both batches through `run_batch`; with `driver_rows` 1, the driver counts each
     slice's mods (and leaves the batch, larger, to the executors)."""
     tables = pipeline._embedded_tables(db, "Everything", folder / "warehouse", None,
-                                       f"app-{folder.name}")
+                                       pipeline.embedded_writer(path, "Everything"))
     plan = BatchPlan("keyed", path, tuple(tables), tables, f"app-{folder.name}",
                      EventsPlan(str(folder / "events"), "json", Rotation()),
                      driver_rows=driver_rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,11 @@ from cdcflow import Database
 from cdcflow.capture.source import SourceColumn, SourceObject
 from cdcflow.errors import FailedPrecondition
 from cdcflow.model.types import parse_type
-from cdcflow.spark.pipeline import _embedded_tables
+from cdcflow.spark.pipeline import _embedded_tables, embedded_writer
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.setup import ensure_tables
 from cdcflow.table import CdcTable
-from cdcflow.table.folders import WRITER_FILE, TableWriter
+from cdcflow.table.writers import WRITER_FILE, TableWriter
 
 pytestmark = pytest.mark.unit
 
@@ -46,6 +47,9 @@ def claim_of(root: Path) -> dict[str, str]:
 
 def test_a_second_stream_s_object_of_the_same_name_is_refused_before_any_table(
         tmp_path: Path):
+    """Claims are made in name order before any table: `public.customers` is claimed, then
+    `public.orders` is refused, and the claim made for the first is given back with the
+    folder made for it. (Two streams starting at once so cannot each take a part.)"""
     warehouse = tmp_path / "warehouse"
     ensure_tables(definition("a", warehouse), [table("public.orders"), table("public.items")],
                   tmp_path)
@@ -102,12 +106,14 @@ def test_an_embedded_change_stream_s_tables_are_its_own(tmp_path: Path):
     db.ddl("CREATE TABLE Orders (Id INT64 NOT NULL, Note STRING(MAX)) PRIMARY KEY (Id)")
     db.ddl("CREATE CHANGE STREAM S FOR ALL")
     warehouse = tmp_path / "warehouse"
-    _embedded_tables(db, "S", warehouse, None, "change-stream:shop:S")
-    with pytest.raises(FailedPrecondition, match="which change stream 'S' applies 'Orders'"):
+    writer = embedded_writer(str(tmp_path / "shop.db"), "S")
+    _embedded_tables(db, "S", warehouse, None, writer)
+    with pytest.raises(FailedPrecondition, match=re.escape(
+            f"which change stream 'S' of '{tmp_path / 'shop.db'}' applies 'Orders'")):
         ensure_tables(definition("a", warehouse), [table("Orders")], tmp_path)
     ensure_tables(definition("a", tmp_path / "other"), [table("Orders")], tmp_path)
-    with pytest.raises(FailedPrecondition, match="change stream 'S' would apply 'Orders'"):
-        _embedded_tables(db, "S", tmp_path / "other", None, "change-stream:shop:S")
+    with pytest.raises(FailedPrecondition, match=r"change stream 'S' of .* would apply 'Orders'"):
+        _embedded_tables(db, "S", tmp_path / "other", None, writer)
     db.close()
 
 
@@ -129,8 +135,8 @@ def test_a_claimed_folder_another_object_reaches_is_refused(tmp_path: Path):
 def claim_at_once(root: str, writer: str, ready: Any, results: Any) -> None:
     ready.wait(30)
     try:
-        TableWriter(writer, f"stream {writer!r}", "Orders", "a warehouse of its own").claim(
-            Path(root))
+        TableWriter(writer, f"stream {writer!r}", "a warehouse of its own").claim(
+            Path(root), "Orders")
         results.put((writer, "claimed"))
     except FailedPrecondition as error:
         results.put((writer, str(error)))
@@ -158,3 +164,34 @@ def test_writers_that_claim_one_table_at_once_leave_exactly_one_writer(tmp_path:
             assert f"which stream {winner!r} applies 'Orders' into" in outcome, outcome
     assert sorted(p.name for p in (root / "_cdcflow").iterdir()
                   if WRITER_FILE in p.name) == [WRITER_FILE]
+
+
+@pytest.mark.parametrize("text", ["", '{"writer": "stream:a"', '{"writer": "stream:a"}', "[]"])
+def test_a_damaged_claim_is_refused_naming_its_file(tmp_path: Path, text: str):
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+    claim = warehouse / "public.orders" / "_cdcflow" / WRITER_FILE
+    claim.write_text(text)
+    with pytest.raises(FailedPrecondition) as refused:
+        ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+    assert str(refused.value).startswith(
+        f"the claim '{claim}' of the CDC table '{warehouse / 'public.orders'}' is not the JSON "
+        "object {writer, what, object} that cdcflow writes there")
+    assert claim.read_text() == text  # nothing written
+
+
+def test_where_hard_links_fail_an_exclusive_create_claims(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    """Some shared filesystems refuse hard links; the claim is then made by an exclusive
+    create, and a second writer is refused all the same."""
+    def no_links(source: object, target: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr("cdcflow.table.writers.os.link", no_links)
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+    assert claim_of(warehouse / "public.orders")["writer"] == "stream:a"
+    with pytest.raises(FailedPrecondition, match="which stream 'a' applies"):
+        ensure_tables(definition("b", warehouse), [table("public.orders")], tmp_path)
+    assert [p.name for p in (warehouse / "public.orders" / "_cdcflow").iterdir()
+            if WRITER_FILE in p.name] == [WRITER_FILE]

@@ -101,10 +101,43 @@ def test_the_cli_lists_shows_and_deletes_an_unreadable_stream(catalog: Catalog):
     assert cli_run(catalog, "errors", "c", "--json") == (0, "[]\n")
     code, out = cli_run(catalog, "delete", "c", "--json")
     assert code == 2 and json.loads(out)["error"] == "InvalidArgument", out
-    assert "invalid stream definition" in out
+    assert json.loads(out)["message"].startswith("invalid stream definition: source")
+    assert json.loads(out)["message"].endswith(
+        "without it the stream's slot and publication cannot be dropped; delete it with "
+        "--keep-slot, then drop them on the server if it has them")
     assert [r.name for r in catalog.records() if isinstance(r, UnreadableStream)] == ["b", "c"]
     assert cli_run(catalog, "delete", "c", "--keep-slot", "--json")[0] == 0
     code, out = cli_run(catalog, "delete", "b", "--keep-slot", "--json")
     assert code == 2 and "cannot delete a stream in state RUNNING" in out
     assert [r.name if isinstance(r, UnreadableStream) else r.definition.name
             for r in catalog.records()] == ["a", "b"]
+    assert cli_run(catalog, "pause", "b", "--json")[0] == 0  # no runner needed to stop it
+    assert cli_run(catalog, "delete", "b", "--keep-slot", "--json")[0] == 0
+    assert [r.definition.name for r in catalog.records()] == ["a"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("state", [StreamState.STARTING, StreamState.RUNNING,
+                                   StreamState.DRAINING, StreamState.FAILED])
+def test_every_state_a_runner_drives_gives_up(catalog: Catalog, state: StreamState):
+    make_unreadable(catalog, "b", state)
+    Runner(catalog.path, spark=None, clock=catalog.clock).step()
+    [found] = [r for r in catalog.records() if isinstance(r, UnreadableStream) and r.name == "b"]
+    assert found.state == StreamState.FAILED_PERMANENTLY
+    assert len(catalog.errors("b")) == 1
+
+
+def test_a_state_this_version_does_not_know_stops_only_its_stream(catalog: Catalog):
+    """A newer cdcflow may store a state this one lacks: the stream is shown with it, left
+    alone by the runner, and an action on it names the state."""
+    with sqlite3.connect(catalog.path) as conn:
+        conn.execute("UPDATE streams SET state = 'SNAPSHOTTING' WHERE name = 'c'")
+    runner = Runner(catalog.path, spark=None, clock=catalog.clock)
+    runner.step()
+    [found] = [r for r in catalog.records() if isinstance(r, UnreadableStream) and r.name == "c"]
+    assert (found.state, found.error) == ("SNAPSHOTTING", "state 'SNAPSHOTTING' is not one "
+                                                          "this cdcflow knows")
+    code, out = cli_run(catalog, "pause", "c", "--json")
+    assert code == 2 and json.loads(out)["message"] == (
+        "stream 'c' is in state 'SNAPSHOTTING', which this cdcflow does not know; run the "
+        "cdcflow that set it")
+    assert json.loads(cli_run(catalog, "list", "--json")[1])[2]["state"] == "SNAPSHOTTING"

@@ -1,0 +1,161 @@
+"""One writer per CDC table.
+
+A claim in the table's folder (`_cdcflow/writer.json`) says which stream (or change stream)
+applies into it and for which object, from the first time that writer opens it. A second
+writer, another stream given the same warehouse and an object of the same name, is refused:
+two writers' changes, each ordered by its own source, would overwrite each other's rows in
+one table. The claim lives in the folder, so it holds across processes and restarts; on a
+filesystem that folds case it catches a second spelling of a name whose table it holds.
+
+A claim is made whole or not at all: written aside, synced, then linked to its name, which
+fails if the name exists, so that of writers claiming at once exactly one wins. Where the
+filesystem has no hard links, an exclusive create takes the link's place. `claim_tables`
+claims a caller's tables in name order before any is created, and gives back the claims it
+made if one is refused, so two streams starting at once cannot each take part of the other's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdcflow.errors import FailedPrecondition
+
+WRITER_FILE = "writer.json"
+"""In a table's `_cdcflow` folder: {"writer", "what", "object"} of the one that applies."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableWriter:
+    """Who applies into tables: `writer` identifies it (a stream's checkpoint app id),
+    `what` names it for people ("stream 'lake'"); `remedy` says how its user gives it a
+    table of its own."""
+
+    writer: str
+    what: str
+    remedy: str
+
+    def check(self, root: Path, name: str) -> None:
+        """FailedPrecondition if the table at `root` (if any) is another writer's, or this
+        writer's for another object than `name`."""
+        held = _claim_of(root)
+        if held is None:
+            return
+        file = os.path.abspath(_path(root))
+        if held["writer"] != self.writer:
+            ids = f" ({self.writer} and {held['writer']})" if held["what"] == self.what else ""
+            raise FailedPrecondition(
+                f"{self.what} would apply {name!r} into the CDC table '{os.path.abspath(root)}', "
+                f"which {held['what']} applies {held['object']!r} into{ids}: two writers, each "
+                f"in the order of its own source, would overwrite each other's rows; "
+                f"{self.remedy}. If {held['what']} is gone for good, remove '{file}' and this "
+                "one takes the table over")
+        if held["object"] != name:
+            raise FailedPrecondition(
+                f"objects {held['object']!r} and {name!r} would share one CDC table: "
+                f"'{os.path.abspath(root)}' is the folder of {held['object']!r} (a filesystem that "
+                "does not tell letter case apart sees one name); leave one of them out or keep "
+                f"the tables on a filesystem that tells case apart. If {held['object']!r} is "
+                f"gone from the source for good, remove '{file}' and {name!r} takes it over")
+
+    def claim(self, root: Path, name: str) -> bool:
+        """Make this writer the one of the table at `root` (the folder made if missing) for
+        object `name`, unless one is; then `check` what is recorded. True if this call
+        made the claim."""
+        path = _path(root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        made = False
+        if not path.exists():
+            made = _create_once(path, json.dumps({"writer": self.writer, "what": self.what,
+                                                  "object": name}).encode())
+        self.check(root, name)
+        return made
+
+
+def claim_tables(writer: TableWriter, roots: dict[str, Path]) -> None:
+    """Claim the tables of every object (name -> table folder) in name order; if one is
+    refused, give back the claims this call made (and the folders it made for them) and
+    raise its refusal."""
+    made: list[tuple[Path, list[Path]]] = []
+    try:
+        for name in sorted(roots):
+            root = roots[name]
+            new_folders = [f for f in (root, root / "_cdcflow") if not f.exists()]
+            if writer.claim(root, name):
+                made.append((root, new_folders))
+    except FailedPrecondition:
+        for root, new_folders in made:
+            _path(root).unlink(missing_ok=True)
+            for folder in reversed(new_folders):  # empty unless something else came in
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+        raise
+
+
+def _create_once(path: Path, data: bytes) -> bool:
+    """`data` at `path` unless something is there: True if this call put it there."""
+    aside = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.tmp")
+    try:
+        with open(aside, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here: an exclusive create in one write
+            return _create_exclusive(path, data)
+    finally:
+        aside.unlink(missing_ok=True)
+    _sync_folder(path.parent)
+    return True
+
+
+def _create_exclusive(path: Path, data: bytes) -> bool:
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(descriptor, data)
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    _sync_folder(path.parent)
+    return True
+
+
+def _sync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _path(root: Path) -> Path:
+    return root / "_cdcflow" / WRITER_FILE
+
+
+def _claim_of(root: Path) -> dict[str, str] | None:
+    path = _path(root)
+    try:
+        held = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError):
+        held = None
+    if not (isinstance(held, dict) and all(isinstance(held.get(k), str)
+                                           for k in ("writer", "what", "object"))):
+        raise FailedPrecondition(
+            f"the claim '{os.path.abspath(path)}' of the CDC table '{os.path.abspath(root)}' "
+            "is not the JSON object {writer, what, object} that cdcflow writes there (damaged "
+            "or edited by hand): remove it, and the first stream to open the table claims it "
+            "again")
+    return held
