@@ -39,7 +39,6 @@ from cdcflow.store.database import Database
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type, fields_from_json, fields_to_json
 from cdcflow.table.fold import added_fields, fold_mods, pending_rows
-from cdcflow.table.folders import TableFolders
 from cdcflow.table.pending import (
     PendingLogs,
     applied_version,
@@ -292,7 +291,6 @@ def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
     `writer` is the change stream as the tables' writer."""
     definition = database.change_stream(stream)
     roots = {}
-    folders = TableFolders("the change stream's FOR clause")  # one folder on macOS
     watched = [name for name in database.tables() if definition.watches(name)]
     claim_tables(writer, {name: Path(warehouse) / name for name in watched})
     for name in watched:
@@ -300,10 +298,8 @@ def _embedded_tables(database: Database, stream: str, warehouse: str | Path,
         columns = set(definition.watched_columns(schema)) | set(schema.primary_key)
         fields = [pa.field(c.name, arrow_type(c.type), not c.not_null)
                   for c in schema.columns if c.name in columns]
-        folders.check(Path(warehouse) / name, name)
         table = CdcTable.ensure(Path(warehouse) / name, pa.schema(fields),
                                 list(schema.primary_key), max_staleness=max_staleness)
-        folders.add(table.root, name)
         roots[name] = str(table.root.resolve())
     return roots
 

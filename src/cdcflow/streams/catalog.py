@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.clock import SYSTEM_CLOCK, Clock
-from cdcflow.errors import AlreadyExists, FailedPrecondition, NotFound
+from cdcflow.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from cdcflow.model.timestamps import to_micros
 from cdcflow.store.sqlite import connect, write_transaction
 from cdcflow.streams.definition import StreamDefinition, folded_name
@@ -135,8 +135,12 @@ class Catalog:
                            "WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise NotFound(f"stream {name!r} does not exist")
-        definition = StreamDefinition.parse(json.loads(row[0]))
-        return StreamRecord(definition, StreamState(row[1]), row[2], row[3])
+        try:
+            stored = json.loads(row[0])
+        except ValueError as error:
+            raise InvalidArgument(f"invalid stream definition: not JSON ({error})") from None
+        return StreamRecord(StreamDefinition.parse(stored), _known(name, row[1]), row[2],
+                            row[3])
 
     def get(self, name: str) -> StreamRecord:
         with self._write() as conn:
@@ -159,12 +163,10 @@ class Catalog:
                               ) -> StreamRecord | UnreadableStream:
         try:
             return self._row(conn, name)
-        except ValueError as error:  # InvalidArgument, not JSON, or a state unknown here
+        except (InvalidArgument, FailedPrecondition) as error:  # a definition or a state
             state, retries = conn.execute("SELECT state, retries FROM streams WHERE name = ?",
-                                          (name,)).fetchone()
-            why = str(error) if state in StreamState.__members__ else \
-                f"state {state!r} is not one this cdcflow knows"
-            return UnreadableStream(name, state, retries, why)
+                                          (name,)).fetchone()  # unknown to this version
+            return UnreadableStream(name, state, retries, str(error))
 
     def give_up_unreadable(self, stream: UnreadableStream) -> bool:
         """Fail an unreadable stream that a runner would drive (STARTING, RUNNING, DRAINING
@@ -263,7 +265,7 @@ class Catalog:
             rows = conn.execute("SELECT key, value FROM status WHERE stream = ?",
                                 (name,)).fetchall()
         if isinstance(record, UnreadableStream):
-            return {"name": name, "state": record.state, "unreadable": record.error,
-                    **{k: json.loads(v) for k, v in rows}}
+            return {"name": name, "state": record.state, "retries": record.retries,
+                    "unreadable": record.error, **{k: json.loads(v) for k, v in rows}}
         return {"name": name, "state": record.state.value, "retries": record.retries,
                 **{k: json.loads(v) for k, v in rows}}

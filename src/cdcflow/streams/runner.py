@@ -128,6 +128,8 @@ class Runner:
     def step(self) -> None:
         for record in self.catalog.records():
             if isinstance(record, UnreadableStream):  # stops itself, not the others
+                if (worker := self.workers.pop(record.name, None)) is not None:
+                    self._halt(worker)  # a newer cdcflow changed it under this runner
                 if record.state in DRIVEN:
                     self.catalog.give_up_unreadable(record)
                 continue

@@ -24,7 +24,6 @@ from cdcflow.streams.definition import StreamDefinition as Definition
 from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type
-from cdcflow.table.folders import TableFolders
 from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
 from cdcflow.table.writers import TableWriter, claim_tables
 
@@ -86,18 +85,15 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
                                 destination.delete_retention_seconds)
         files_kept = destination.file_retention_seconds
     roots: dict[str, str] = {}
-    folders = TableFolders("the definition's include and exclude")
     keyed = [item for item in objects if item.primary_key]
     writer = table_writer(definition)
     claim_tables(writer, {item.name: folder / item.name for item in keyed})
-    for item in keyed:
-        folders.check(folder / item.name, item.name)
+    for item in keyed:  # one claimed folder each: two names of one folder are refused
         table = CdcTable.ensure(
             folder / item.name, table_schema(item), list(item.primary_key),
             max_staleness=None if staleness is None else timedelta(seconds=staleness),
             delete_retention=timedelta(seconds=retention),
             file_retention=timedelta(seconds=files_kept))
-        folders.add(table.root, item.name)
         roots[item.name] = str(table.root.resolve())
     return roots
 

@@ -9,9 +9,12 @@ filesystem that folds case it catches a second spelling of a name whose table it
 
 A claim is made whole or not at all: written aside, synced, then linked to its name, which
 fails if the name exists, so that of writers claiming at once exactly one wins. Where the
-filesystem has no hard links, an exclusive create takes the link's place. `claim_tables`
+filesystem has no hard links, an exclusive create and one write take the link's place; a
+reader that finds that file still empty is told to try again (Unavailable). `claim_tables`
 claims a caller's tables in name order before any is created, and gives back the claims it
 made if one is refused, so two streams starting at once cannot each take part of the other's.
+Two objects whose folders are one folder (on a filesystem that folds case) meet the first
+one's claim, so the second is refused before either table is made.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdcflow.errors import FailedPrecondition
+from cdcflow.errors import CdcflowError, FailedPrecondition, Unavailable
 
 WRITER_FILE = "writer.json"
 """In a table's `_cdcflow` folder: {"writer", "what", "object"} of the one that applies."""
@@ -76,25 +79,37 @@ class TableWriter:
 
 
 def claim_tables(writer: TableWriter, roots: dict[str, Path]) -> None:
-    """Claim the tables of every object (name -> table folder) in name order; if one is
-    refused, give back the claims this call made (and the folders it made for them) and
-    raise its refusal."""
-    made: list[tuple[Path, list[Path]]] = []
+    """Claim the tables of every object (name -> table folder) in name order (letter case
+    folded, as some filesystems fold it); if one is refused, or anything fails, give back
+    the claims this call made (and the empty folders made for them) and raise."""
+    made: list[tuple[Path, str, list[Path]]] = []
     try:
-        for name in sorted(roots):
+        for name in sorted(roots, key=lambda n: (n.casefold(), n)):
             root = roots[name]
             new_folders = [f for f in (root, root / "_cdcflow") if not f.exists()]
             if writer.claim(root, name):
-                made.append((root, new_folders))
-    except FailedPrecondition:
-        for root, new_folders in made:
-            _path(root).unlink(missing_ok=True)
-            for folder in reversed(new_folders):  # empty unless something else came in
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+                made.append((root, name, new_folders))
+    except BaseException:
+        for root, name, new_folders in made:
+            _give_back(writer, root, name, new_folders)
         raise
+
+
+def _give_back(writer: TableWriter, root: Path, name: str, new_folders: list[Path]) -> None:
+    """Remove this writer's claim of `root` for `name` (if it is still the one there) and
+    the folders made for it, each only while it is empty."""
+    try:
+        held = _claim_of(root)
+    except CdcflowError:
+        return
+    if held is None or (held["writer"], held["object"]) != (writer.writer, name):
+        return
+    _path(root).unlink(missing_ok=True)
+    for folder in reversed(new_folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def _create_once(path: Path, data: bytes) -> bool:
@@ -146,10 +161,17 @@ def _path(root: Path) -> Path:
 def _claim_of(root: Path) -> dict[str, str] | None:
     path = _path(root)
     try:
-        held = json.loads(path.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (ValueError, UnicodeDecodeError):
+    if not data:  # only where an exclusive create stands in for the link
+        raise Unavailable(
+            f"the claim '{os.path.abspath(path)}' of the CDC table '{os.path.abspath(root)}' "
+            "is empty: another writer is making it, or was killed while it did; if no "
+            "other stream is starting, remove it")
+    try:
+        held = json.loads(data)
+    except ValueError:  # UnicodeDecodeError too
         held = None
     if not (isinstance(held, dict) and all(isinstance(held.get(k), str)
                                            for k in ("writer", "what", "object"))):

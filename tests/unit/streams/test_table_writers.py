@@ -1,7 +1,7 @@
 """One writer per CDC table. Two streams given one warehouse, each with an object of the same
 name, would apply two sources' changes into one Delta table, each overwriting the other's
 rows in the order of its own source (AP-2's sequence numbers of two sources do not compare).
-The first writer to open a table claims it (`cdcflow.table.folders.TableWriter`); a second
+The first writer to open a table claims it (`cdcflow.table.writers`); a second
 is refused before it creates any table, naming both writers, the folder and the way out.
 Streams whose objects differ share a warehouse freely, and a restart opens its own tables."""
 
@@ -16,13 +16,16 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdcflow import Database
+from cdcflow import Database, FakeClock
 from cdcflow.capture.source import SourceColumn, SourceObject
-from cdcflow.errors import FailedPrecondition
+from cdcflow.errors import FailedPrecondition, Unavailable
 from cdcflow.model.types import parse_type
 from cdcflow.spark.pipeline import _embedded_tables, embedded_writer
+from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
+from cdcflow.streams.runner import Runner
 from cdcflow.streams.setup import ensure_tables
+from cdcflow.streams.states import StreamState
 from cdcflow.table import CdcTable
 from cdcflow.table.writers import WRITER_FILE, TableWriter
 
@@ -166,18 +169,30 @@ def test_writers_that_claim_one_table_at_once_leave_exactly_one_writer(tmp_path:
                   if WRITER_FILE in p.name) == [WRITER_FILE]
 
 
-@pytest.mark.parametrize("text", ["", '{"writer": "stream:a"', '{"writer": "stream:a"}', "[]"])
+@pytest.mark.parametrize("text", ['{"writer": "stream:a"', '{"writer": "stream:a"}', "[]",
+                                  "\udcff"])
 def test_a_damaged_claim_is_refused_naming_its_file(tmp_path: Path, text: str):
     warehouse = tmp_path / "warehouse"
     ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
     claim = warehouse / "public.orders" / "_cdcflow" / WRITER_FILE
-    claim.write_text(text)
+    claim.write_bytes(text.encode(errors="surrogateescape"))
     with pytest.raises(FailedPrecondition) as refused:
         ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
     assert str(refused.value).startswith(
         f"the claim '{claim}' of the CDC table '{warehouse / 'public.orders'}' is not the JSON "
         "object {writer, what, object} that cdcflow writes there")
-    assert claim.read_text() == text  # nothing written
+    assert claim.read_bytes() == text.encode(errors="surrogateescape")  # nothing written
+
+
+def test_an_empty_claim_is_one_being_made_and_asks_for_a_retry(tmp_path: Path):
+    """Only an exclusive create (no hard links) shows an empty claim, while its one write
+    is on its way: Unavailable, which the runner retries, not a permanent refusal."""
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("a", warehouse), [table("public.orders")], tmp_path)
+    claim = warehouse / "public.orders" / "_cdcflow" / WRITER_FILE
+    claim.write_bytes(b"")
+    with pytest.raises(Unavailable, match="is empty: another writer is making it"):
+        ensure_tables(definition("b", warehouse), [table("public.orders")], tmp_path)
 
 
 def test_where_hard_links_fail_an_exclusive_create_claims(tmp_path: Path,
@@ -195,3 +210,33 @@ def test_where_hard_links_fail_an_exclusive_create_claims(tmp_path: Path,
         ensure_tables(definition("b", warehouse), [table("public.orders")], tmp_path)
     assert [p.name for p in (warehouse / "public.orders" / "_cdcflow").iterdir()
             if WRITER_FILE in p.name] == [WRITER_FILE]
+
+
+def test_the_runner_fails_a_stream_whose_table_another_stream_holds(tmp_path: Path):
+    """Through the runner: stream `b`, given stream `a`'s warehouse, fails its start
+    permanently with the refusal recorded, and makes no table of its own."""
+    db = Database.open(str(tmp_path / "shop.db"))
+    db.ddl("CREATE TABLE Orders (Id INT64 NOT NULL, Note STRING(MAX)) PRIMARY KEY (Id)")
+    db.ddl("CREATE TABLE Items (Id INT64 NOT NULL) PRIMARY KEY (Id)")
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    db.close()
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("a", warehouse), [table("Orders")], tmp_path)  # a's, before
+    catalog = Catalog(tmp_path / "catalog.db", FakeClock())
+    catalog.create(StreamDefinition.parse({
+        "name": "b", "source": {"database": str(tmp_path / "shop.db"), "change_stream": "S"},
+        "destinations": [{"kind": "cdc_table", "warehouse": str(warehouse)}]}))
+    catalog.act("b", "start")
+    runner = Runner(catalog.path, spark=None, clock=catalog.clock)
+    for _ in range(50):
+        runner.step()
+        for worker in runner.workers.values():
+            if worker.thread is not None:
+                worker.thread.join()
+        if catalog.get("b").state == StreamState.FAILED_PERMANENTLY:
+            break
+    assert catalog.get("b").state == StreamState.FAILED_PERMANENTLY
+    [error] = catalog.errors("b")
+    assert "stream 'b' would apply 'Orders' into the CDC table" in error["message"]
+    assert "which stream 'a' applies 'Orders' into" in error["message"]
+    assert sorted(p.name for p in warehouse.iterdir()) == ["Orders"]  # no Items table

@@ -19,7 +19,7 @@ from cdcflow.cli.main import cli
 from cdcflow.errors import InvalidArgument
 from cdcflow.streams.catalog import Catalog, StreamRecord, UnreadableStream
 from cdcflow.streams.definition import StreamDefinition
-from cdcflow.streams.runner import Runner
+from cdcflow.streams.runner import Runner, Worker
 from cdcflow.streams.states import StreamState
 
 pytestmark = pytest.mark.unit
@@ -130,14 +130,26 @@ def test_a_state_this_version_does_not_know_stops_only_its_stream(catalog: Catal
     """A newer cdcflow may store a state this one lacks: the stream is shown with it, left
     alone by the runner, and an action on it names the state."""
     with sqlite3.connect(catalog.path) as conn:
-        conn.execute("UPDATE streams SET state = 'SNAPSHOTTING' WHERE name = 'c'")
+        conn.execute("UPDATE streams SET state = 'SNAPSHOTTING' WHERE name = 'a'")
     runner = Runner(catalog.path, spark=None, clock=catalog.clock)
     runner.step()
-    [found] = [r for r in catalog.records() if isinstance(r, UnreadableStream) and r.name == "c"]
-    assert (found.state, found.error) == ("SNAPSHOTTING", "state 'SNAPSHOTTING' is not one "
-                                                          "this cdcflow knows")
-    code, out = cli_run(catalog, "pause", "c", "--json")
-    assert code == 2 and json.loads(out)["message"] == (
-        "stream 'c' is in state 'SNAPSHOTTING', which this cdcflow does not know; run the "
-        "cdcflow that set it")
-    assert json.loads(cli_run(catalog, "list", "--json")[1])[2]["state"] == "SNAPSHOTTING"
+    assert runner.workers == {}  # `a` is not driven, `b` given up
+    [found] = [r for r in catalog.records() if isinstance(r, UnreadableStream) and r.name == "a"]
+    unknown = ("stream 'a' is in state 'SNAPSHOTTING', which this cdcflow does not know; run "
+               "the cdcflow that set it")
+    assert (found.state, found.error) == ("SNAPSHOTTING", unknown)
+    for action in (["pause", "a"], ["delete", "a"], ["describe", "a"]):
+        code, out = cli_run(catalog, *action, "--json")
+        assert code == 2 and json.loads(out)["message"] == unknown, (action, out)
+    assert json.loads(cli_run(catalog, "list", "--json")[1])[0]["state"] == "SNAPSHOTTING"
+    assert catalog.errors("a") == []
+
+
+def test_a_stream_that_turns_unreadable_under_a_runner_is_let_go(catalog: Catalog):
+    """A newer cdcflow may rewrite a stream this runner drives: the runner lets its worker
+    go (stopping what runs for it) rather than drive a definition it cannot read."""
+    runner = Runner(catalog.path, spark=None, clock=catalog.clock)
+    runner.workers["b"] = Worker("b")
+    runner.step()
+    assert "b" not in runner.workers
+    assert catalog.status("b")["state"] == StreamState.FAILED_PERMANENTLY
