@@ -28,6 +28,7 @@ from cdcflow.streams.setup import ensure_tables
 from cdcflow.streams.states import StreamState
 from cdcflow.table import CdcTable
 from cdcflow.table.writers import WRITER_FILE, TableWriter
+from tests.unit.streams.test_runner_failures import drive
 
 pytestmark = pytest.mark.unit
 
@@ -227,15 +228,9 @@ def test_the_runner_fails_a_stream_whose_table_another_stream_holds(tmp_path: Pa
         "name": "b", "source": {"database": str(tmp_path / "shop.db"), "change_stream": "S"},
         "destinations": [{"kind": "cdc_table", "warehouse": str(warehouse)}]}))
     catalog.act("b", "start")
-    runner = Runner(catalog.path, spark=None, clock=catalog.clock)
-    for _ in range(50):
-        runner.step()
-        for worker in runner.workers.values():
-            if worker.thread is not None:
-                worker.thread.join()
-        if catalog.get("b").state == StreamState.FAILED_PERMANENTLY:
-            break
-    assert catalog.get("b").state == StreamState.FAILED_PERMANENTLY
+    seen = drive(Runner(catalog.path, spark=None, clock=catalog.clock), catalog,
+                 catalog.clock, "b", steps=50)
+    assert [state for _, state in seen] == [StreamState.FAILED_PERMANENTLY]  # at once
     [error] = catalog.errors("b")
     assert "stream 'b' would apply 'Orders' into the CDC table" in error["message"]
     assert "which stream 'a' applies 'Orders' into" in error["message"]

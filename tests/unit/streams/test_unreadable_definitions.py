@@ -21,6 +21,7 @@ from cdcflow.streams.catalog import Catalog, StreamRecord, UnreadableStream
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.runner import Runner, Worker
 from cdcflow.streams.states import StreamState
+from tests.unit.streams.test_runner_failures import drive
 
 pytestmark = pytest.mark.unit
 
@@ -65,13 +66,9 @@ def test_records_give_the_unreadable_apart_and_streams_still_refuse(catalog: Cat
 
 
 def test_the_runner_fails_the_unreadable_stream_and_drives_the_others(catalog: Catalog):
-    runner = Runner(catalog.path, spark=None, clock=catalog.clock)
-    for _ in range(3):
-        runner.step()
-        for worker in runner.workers.values():
-            if worker.thread is not None:
-                worker.thread.join()
-    assert catalog.get("a").state == StreamState.FAILED  # driven: its database is missing
+    seen = drive(Runner(catalog.path, spark=None, clock=catalog.clock), catalog,
+                 catalog.clock, "a", steps=3)
+    assert [state for _, state in seen] == [StreamState.FAILED]  # driven: no database
     [error] = catalog.errors("b")
     assert error["message"].startswith(
         "stream 'b': this cdcflow cannot read its stored definition (invalid stream "
