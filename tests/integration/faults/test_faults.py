@@ -14,7 +14,7 @@ warm standby's (a runner started again that takes over cold is test_runner_crash
 runner started again stands by in its turn. In whole runs of `make test`, 16 of each took
 713 s on one machine (the suite 36 minutes); on another, 8 of each took 357 s (the suite
 28.5 minutes, with other work beside it) and 5 of each 221-249 s (the suite 24-26.5
-minutes), so the suite now runs 3. The long campaign is
+minutes), so the suite now runs 3: 135-143 s (the suite 23-24 minutes). The long campaign is
 `bench/faults.py --faults 100 --postgres --standbys 3`."""
 
 from __future__ import annotations
