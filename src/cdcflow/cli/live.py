@@ -9,12 +9,11 @@ from typing import Any
 
 from rich.table import Table
 
-from cdcflow.streams.catalog import Catalog, UnreadableStream
+from cdcflow.streams.catalog import Catalog
 
 
 def snapshot(catalog: Catalog) -> list[dict[str, Any]]:
-    return [catalog.status(r.name if isinstance(r, UnreadableStream) else r.definition.name)
-            for r in catalog.records()]
+    return [catalog.status(r.name) for r in catalog.records()]
 
 
 def render(rows: list[dict[str, Any]]) -> Table:

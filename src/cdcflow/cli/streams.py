@@ -107,15 +107,15 @@ def create(ctx: click.Context, definition: str, as_json: bool) -> None:
 def list_streams(ctx: click.Context, as_json: bool) -> None:
     """List streams and their states."""
     table = Table("name", "state", "source", "destinations")
-    rows = []
+    rows: list[dict[str, str]] = []
     for r in _catalog(ctx).records():
+        rows.append({"name": r.name, "state": str(r.state)})
         if isinstance(r, UnreadableStream):
+            rows[-1]["unreadable"] = r.error
             table.add_row(r.name, r.state, f"unreadable: {r.error}", "")
-            rows.append({"name": r.name, "state": r.state, "unreadable": r.error})
-            continue
-        table.add_row(r.definition.name, r.state.value, source_label(r.definition),
-                      ", ".join(d.kind for d in r.definition.destinations))
-        rows.append({"name": r.definition.name, "state": r.state.value})
+        else:
+            table.add_row(r.name, r.state.value, source_label(r.definition),
+                          ", ".join(d.kind for d in r.definition.destinations))
     _emit(as_json, rows, table)
 
 

@@ -38,6 +38,10 @@ class StreamRecord:
     changed: float
     retries: int
 
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
 
 @dataclass(frozen=True, slots=True)
 class UnreadableStream:
@@ -93,8 +97,9 @@ def _check_distinct(definition: StreamDefinition, stored: list[tuple[str, str]])
             continue
         for field, mine in held.items():
             other = theirs.get(field)
-            shared = mine.servers & other.servers if other is not None else frozenset()
-            if shared and other is not None and mine.value == other.value:
+            if other is None or other.value != mine.value:
+                continue
+            if shared := mine.servers & other.servers:
                 raise AlreadyExists(
                     f"stream {definition.name!r} would use the {mine.what} {mine.value!r} on "
                     f"{', '.join(sorted(shared))} that stream {name!r} uses: each would take "
@@ -264,8 +269,6 @@ class Catalog:
             record = self._record_or_unreadable(conn, name)
             rows = conn.execute("SELECT key, value FROM status WHERE stream = ?",
                                 (name,)).fetchall()
-        if isinstance(record, UnreadableStream):
-            return {"name": name, "state": record.state, "retries": record.retries,
-                    "unreadable": record.error, **{k: json.loads(v) for k, v in rows}}
-        return {"name": name, "state": record.state.value, "retries": record.retries,
-                **{k: json.loads(v) for k, v in rows}}
+        unreadable = {"unreadable": record.error} if isinstance(record, UnreadableStream) else {}
+        return {"name": name, "state": str(record.state), "retries": record.retries,
+                **unreadable, **{k: json.loads(v) for k, v in rows}}
