@@ -5,6 +5,7 @@ so a restarted runner resumes every RUNNING stream. State changes go through
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,8 @@ _SCHEMA = [
     "stream TEXT NOT NULL, at REAL NOT NULL, object TEXT NOT NULL, message TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS runner_lease (id INTEGER PRIMARY KEY CHECK (id = 1), "
     "holder TEXT NOT NULL, expires REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS identity (id INTEGER PRIMARY KEY CHECK (id = 1), "
+    "value TEXT NOT NULL)",
 ]
 
 
@@ -117,6 +120,12 @@ class Catalog:
         with self._write() as conn:
             for statement in _SCHEMA:
                 conn.execute(statement)
+            conn.execute("INSERT OR IGNORE INTO identity(id, value) VALUES (1, ?)",
+                         (secrets.token_hex(16),))
+            (identity,) = conn.execute("SELECT value FROM identity").fetchone()
+        self.identity: str = identity
+        """Made once, at the catalog's first open, and kept: it tells this catalog's streams
+        from another catalog's of the same names (the writers of CDC tables)."""
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

@@ -237,7 +237,7 @@ class Runner:
 
     def _setup(self, record: StreamRecord, worker: Worker) -> StreamSetup:
         if worker.setup is None:
-            worker.setup = prepare_stream(record.definition, self.home)
+            worker.setup = prepare_stream(record.definition, self.home, self.catalog)
         return worker.setup
 
     def _start(self, record: StreamRecord) -> None:

@@ -19,6 +19,7 @@ import pyarrow as pa
 from cdcflow.capture.source import ChangeSource, SourceObject
 from cdcflow.events.files import Rotation
 from cdcflow.spark.pipeline import BatchPlan, EventsPlan
+from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import CdcTableDestination, EventFilesDestination
 from cdcflow.streams.definition import StreamDefinition as Definition
 from cdcflow.streams.sources import open_source
@@ -72,8 +73,9 @@ def table_schema(item: SourceObject) -> pa.Schema:
 
 
 def ensure_tables(definition: Definition, objects: list[SourceObject],
-                  home: Path) -> dict[str, str]:
-    """A CDC table per keyed object, created if missing; object -> resolved root."""
+                  home: Path, catalog: Catalog | None = None) -> dict[str, str]:
+    """A CDC table per keyed object, created if missing, each claimed by the stream of
+    `catalog` (`table_writer`); object -> resolved root."""
     destination = cdc_destination(definition)
     if destination is None:
         state = Path(definition.spark.storage_root or home) / "state"
@@ -86,7 +88,7 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
         files_kept = destination.file_retention_seconds
     roots: dict[str, str] = {}
     keyed = [item for item in objects if item.primary_key]
-    writer = table_writer(definition)
+    writer = table_writer(definition, catalog)
     claim_tables(writer, {item.name: folder / item.name for item in keyed})
     for item in keyed:  # one claimed folder each: two names of one folder are refused
         table = CdcTable.ensure(
@@ -98,22 +100,34 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
     return roots
 
 
-def table_writer(definition: Definition) -> TableWriter:
-    """The stream as the writer of its CDC tables (its checkpoint's app id)."""
-    return TableWriter(app_id(definition), f"stream {definition.name!r}",
-                       "give one of the streams a warehouse of its own, or leave the object "
-                       "out of one (its include and exclude)")
+TABLE_REMEDY = ("give one of the streams a warehouse of its own, or leave the object out "
+                "of one (its include and exclude)")
+
+
+def table_writer(definition: Definition, catalog: Catalog | None = None) -> TableWriter:
+    """The stream as the writer of its CDC tables: its checkpoint's app id and its catalog's
+    identity, so that two catalogs' streams of one name are two writers. A claim recorded
+    by the app id alone (an earlier cdcflow's) is the stream's, and becomes its catalog's.
+    Without a catalog (a benchmark's stream, say), the app id alone."""
+    if catalog is None:
+        return TableWriter(app_id(definition), f"stream {definition.name!r}", TABLE_REMEDY)
+    return TableWriter(f"{app_id(definition)}@catalog:{catalog.identity}",
+                       f"stream {definition.name!r} of the catalog "
+                       f"'{os.path.abspath(catalog.path)}'", TABLE_REMEDY,
+                       legacy=app_id(definition))
 
 
 def app_id(definition: Definition) -> str:
     return f"stream:{definition.name}"
 
 
-def prepare_stream(definition: Definition, home: Path) -> StreamSetup:
-    """Open the source, select its objects, create their tables, and plan the batches."""
+def prepare_stream(definition: Definition, home: Path,
+                   catalog: Catalog | None = None) -> StreamSetup:
+    """Open the source, select its objects, create their tables (claimed by the stream of
+    `catalog`), and plan the batches."""
     source = open_source(definition, home)
     objects = {o.name: o for o in source.discover() if definition.selects(o.name)}
-    tables = ensure_tables(definition, list(objects.values()), home)
+    tables = ensure_tables(definition, list(objects.values()), home, catalog)
     label = source.log_location()[0]
     plan = BatchPlan(definition.name, label, tuple(objects), tables,
                      app_id(definition), events_plan(definition),

@@ -40,6 +40,9 @@ class TableWriter:
     writer: str
     what: str
     remedy: str
+    legacy: str | None = None
+    """The id an earlier cdcflow recorded for this writer (a stream's, by its name alone):
+    such a claim is this writer's, and its first claim records it under `writer` instead."""
 
     def check(self, root: Path, name: str) -> None:
         """FailedPrecondition if the table at `root` (if any) is another writer's, or this
@@ -48,7 +51,7 @@ class TableWriter:
         if held is None:
             return
         file = os.path.abspath(_path(root))
-        if held["writer"] != self.writer:
+        if held["writer"] not in (self.writer, self.legacy):
             ids = f" ({self.writer} and {held['writer']})" if held["what"] == self.what else ""
             raise FailedPrecondition(
                 f"{self.what} would apply {name!r} into the CDC table '{os.path.abspath(root)}', "
@@ -71,10 +74,13 @@ class TableWriter:
         path = _path(root)
         path.parent.mkdir(parents=True, exist_ok=True)
         made = False
+        claim = json.dumps({"writer": self.writer, "what": self.what, "object": name}).encode()
         if not path.exists():
-            made = _create_once(path, json.dumps({"writer": self.writer, "what": self.what,
-                                                  "object": name}).encode())
+            made = _create_once(path, claim)
         self.check(root, name)
+        held = _claim_of(root)
+        if held is not None and self.legacy is not None and held["writer"] == self.legacy:
+            _replace(path, claim)  # from now on, only this writer's id is its own
         return made
 
 
@@ -116,10 +122,7 @@ def _create_once(path: Path, data: bytes) -> bool:
     """`data` at `path` unless something is there: True if this call put it there."""
     aside = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.tmp")
     try:
-        with open(aside, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write_synced(aside, data)
         try:
             os.link(aside, path)
         except FileExistsError:
@@ -130,6 +133,24 @@ def _create_once(path: Path, data: bytes) -> bool:
         aside.unlink(missing_ok=True)
     _sync_folder(path.parent)
     return True
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """`data` at `path` in place of what is there, whole or not at all."""
+    aside = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.tmp")
+    try:
+        _write_synced(aside, data)
+        os.replace(aside, path)
+    finally:
+        aside.unlink(missing_ok=True)
+    _sync_folder(path.parent)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _create_exclusive(path: Path, data: bytes) -> bool:

@@ -213,14 +213,19 @@ def test_where_hard_links_fail_an_exclusive_create_claims(tmp_path: Path,
             if WRITER_FILE in p.name] == [WRITER_FILE]
 
 
-def test_the_runner_fails_a_stream_whose_table_another_stream_holds(tmp_path: Path):
-    """Through the runner: stream `b`, given stream `a`'s warehouse, fails its start
-    permanently with the refusal recorded, and makes no table of its own."""
-    db = Database.open(str(tmp_path / "shop.db"))
+def make_shop(path: Path) -> None:
+    """An embedded database of two tables, `Orders` and `Items`, and a change stream `S`."""
+    db = Database.open(str(path))
     db.ddl("CREATE TABLE Orders (Id INT64 NOT NULL, Note STRING(MAX)) PRIMARY KEY (Id)")
     db.ddl("CREATE TABLE Items (Id INT64 NOT NULL) PRIMARY KEY (Id)")
     db.ddl("CREATE CHANGE STREAM S FOR ALL")
     db.close()
+
+
+def test_the_runner_fails_a_stream_whose_table_another_stream_holds(tmp_path: Path):
+    """Through the runner: stream `b`, given stream `a`'s warehouse, fails its start
+    permanently with the refusal recorded, and makes no table of its own."""
+    make_shop(tmp_path / "shop.db")
     warehouse = tmp_path / "warehouse"
     ensure_tables(definition("a", warehouse), [table("Orders")], tmp_path)  # a's, before
     catalog = Catalog(tmp_path / "catalog.db", FakeClock())
@@ -232,6 +237,79 @@ def test_the_runner_fails_a_stream_whose_table_another_stream_holds(tmp_path: Pa
                  catalog.clock, "b", steps=50)
     assert [state for _, state in seen] == [StreamState.FAILED_PERMANENTLY]  # at once
     [error] = catalog.errors("b")
-    assert "stream 'b' would apply 'Orders' into the CDC table" in error["message"]
+    assert (f"stream 'b' of the catalog '{catalog.path}' would apply 'Orders' into the CDC "
+            "table") in error["message"]
     assert "which stream 'a' applies 'Orders' into" in error["message"]
+    assert sorted(p.name for p in warehouse.iterdir()) == ["Orders"]  # no Items table
+
+
+def test_two_catalogs_streams_of_one_name_are_two_writers(tmp_path: Path):
+    """A stream is its catalog's: `lake` of one catalog and `lake` of another, given one
+    warehouse, are two writers (their checkpoints' app ids are alike, so the Delta table
+    would also take one's batches as the other's, and skip them). The second is refused,
+    naming both catalogs; the first reopens its table."""
+    warehouse = tmp_path / "warehouse"
+    first, second = (Catalog(tmp_path / side / "catalog.db") for side in ("a", "b"))
+    assert first.identity != second.identity
+    assert Catalog(first.path).identity == first.identity  # kept across opens
+    ensure_tables(definition("lake", warehouse), [table("public.orders")], tmp_path, first)
+    assert claim_of(warehouse / "public.orders")["writer"] == (
+        f"stream:lake@catalog:{first.identity}")
+    with pytest.raises(FailedPrecondition) as refused:
+        ensure_tables(definition("lake", warehouse), [table("public.orders")], tmp_path,
+                      second)
+    message = str(refused.value)
+    assert f"stream 'lake' of the catalog '{tmp_path / 'b' / 'catalog.db'}' would apply" in (
+        message)
+    assert f"which stream 'lake' of the catalog '{tmp_path / 'a' / 'catalog.db'}' applies" in (
+        message)
+    assert ensure_tables(definition("lake", warehouse), [table("public.orders")], tmp_path,
+                         first) == {"public.orders": str((warehouse / "public.orders")
+                                                         .resolve())}
+    moved = tmp_path / "moved" / "catalog.db"
+    moved.parent.mkdir()
+    Path(first.path).rename(moved)  # a catalog moved elsewhere keeps its tables
+    assert ensure_tables(definition("lake", warehouse), [table("public.orders")], tmp_path,
+                         Catalog(moved)) == {"public.orders": str((warehouse / "public.orders")
+                                                                  .resolve())}
+
+
+def test_a_claim_by_the_stream_s_name_alone_becomes_its_catalog_s(tmp_path: Path):
+    """Tables claimed before catalogs were told apart hold the app id alone: the first
+    stream of that name to open one takes it as its own and records its catalog, so a
+    same-named stream of another catalog is refused from then on."""
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("lake", warehouse), [table("public.orders")], tmp_path)
+    assert claim_of(warehouse / "public.orders")["writer"] == "stream:lake"
+    first, second = (Catalog(tmp_path / side / "catalog.db") for side in ("a", "b"))
+    ensure_tables(definition("lake", warehouse), [table("public.orders")], tmp_path, first)
+    assert claim_of(warehouse / "public.orders") == {
+        "writer": f"stream:lake@catalog:{first.identity}", "object": "public.orders",
+        "what": f"stream 'lake' of the catalog '{tmp_path / 'a' / 'catalog.db'}'"}
+    with pytest.raises(FailedPrecondition, match="which stream 'lake' of the catalog"):
+        ensure_tables(definition("lake", warehouse), [table("public.orders")], tmp_path,
+                      second)
+    assert [p.name for p in (warehouse / "public.orders" / "_cdcflow").iterdir()
+            if WRITER_FILE in p.name] == [WRITER_FILE]  # nothing left aside
+
+
+def test_the_runner_fails_a_stream_whose_table_another_catalog_s_stream_holds(
+        tmp_path: Path):
+    """Through the runner: catalog b's stream `lake`, given the warehouse where catalog a's
+    `lake` holds `Orders`, fails its start permanently and makes no table."""
+    make_shop(tmp_path / "shop.db")
+    warehouse = tmp_path / "warehouse"
+    ensure_tables(definition("lake", warehouse), [table("Orders")], tmp_path,
+                  Catalog(tmp_path / "a" / "catalog.db"))
+    catalog = Catalog(tmp_path / "b" / "catalog.db", FakeClock())
+    catalog.create(StreamDefinition.parse({
+        "name": "lake", "source": {"database": str(tmp_path / "shop.db"),
+                                   "change_stream": "S"},
+        "destinations": [{"kind": "cdc_table", "warehouse": str(warehouse)}]}))
+    catalog.act("lake", "start")
+    seen = drive(Runner(catalog.path, spark=None, clock=catalog.clock), catalog,
+                 catalog.clock, "lake", steps=50)
+    assert [state for _, state in seen] == [StreamState.FAILED_PERMANENTLY]
+    [error] = catalog.errors("lake")
+    assert "which stream 'lake' of the catalog" in error["message"]
     assert sorted(p.name for p in warehouse.iterdir()) == ["Orders"]  # no Items table
