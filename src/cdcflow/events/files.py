@@ -92,6 +92,11 @@ class EventFileWriter:
     def is_committed(self, batch_id: int | str) -> bool:
         return self.manifest_path(batch_id).exists()
 
+    def last_batch(self) -> int | None:
+        """The highest numbered streaming batch with a manifest (None: none)."""
+        return max((int(m.stem[6:]) for m in (self.base / "_manifests").glob("batch-*.json")
+                    if m.stem[6:].isdigit()), default=None)
+
     def write_part(self, batch_id: int | str, part: int, events: Iterable[Event],
                    layout: str = "") -> list[dict[str, Any]]:
         """Write one part of a batch (e.g. one Spark partition) under names derived from the

@@ -74,6 +74,12 @@ class BatchPlan:
     driver_rows: int = 20_000
     """A batch of at most this many mods is folded and written on the driver: no shuffle,
     no second stage (0: every batch goes through the executors)."""
+    first_table_batch: int = 0
+    """The number Spark's batch 0 has in the CDC tables' (app id, version) transactions."""
+    first_event_batch: int = 0
+    """The number Spark's batch 0 has in the event manifests. Both are 0 but for a stream
+    created again under the name of one whose batches its destinations hold: it numbers
+    its batches on from those (`cdcflow.streams.setup.first_batches`)."""
 
     def writer(self) -> EventFileWriter | None:
         if self.events is None:
@@ -161,7 +167,8 @@ def _write_partition(plan: BatchPlan, work: BatchWork, part: int, rows: list[dic
         now = work.read_at or SYSTEM_CLOCK.now()
         events = [event_of_change(plan.stream, plan.source_label, change_of_row(mod), row, now)
                   for item in folded for mod, row in zip(item.mods, item.rows, strict=True)]
-        files = writer.write_part(work.batch_id, part, events, work.layout)
+        files = writer.write_part(plan.first_event_batch + work.batch_id, part, events,
+                                  work.layout)
         out.append(_out("events", files=json.dumps(files), events=len(events),
                         last_micros=last))
     out.append(_out("count", rows=len(mods), last_micros=last))
@@ -189,9 +196,11 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
     began = time.monotonic()
     logs = logs or PendingLogs()
     writer = plan.writer()
+    table_batch, event_batch = (plan.first_table_batch + batch_id,
+                                plan.first_event_batch + batch_id)
     cdc_done = not logs.ran_before(batch_id) and all(
-        _committed(root, plan.app_id, batch_id, logs) for root in plan.tables.values())
-    events_done = writer is None or writer.is_committed(batch_id)
+        _committed(root, plan.app_id, table_batch, logs) for root in plan.tables.values())
+    events_done = writer is None or writer.is_committed(event_batch)
     if cdc_done and events_done:
         return {"rows": 0, "seconds": 0.0, "last_micros": None}
     read_at = (driver.read_time(batch_id) if driver is not None else None) or SYSTEM_CLOCK.now()
@@ -199,9 +208,9 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
                        driver)
     if writer is not None and not events_done:
         files = [f for w in written if w["kind"] == "events" for f in json.loads(w["files"])]
-        writer.commit_batch(batch_id, files)
+        writer.commit_batch(event_batch, files)
     elif writer is not None:  # a replay: the attempt that committed may have stopped there
-        writer.remove_leftovers(batch_id)
+        writer.remove_leftovers(event_batch)
     for root in plan.tables.values():
         mine = [w for w in written if w["kind"] == "cdc" and w["table_root"] == root]
         if not mine:
@@ -209,7 +218,7 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
         added = [f for w in mine for f in fields_from_json(w["added"])]
         if added:
             CdcTable.open(root).add_columns(added)  # before the files that hold them commit
-        commit_pending_files(root, mine, plan.app_id, batch_id, SYSTEM_CLOCK, logs)
+        commit_pending_files(root, mine, plan.app_id, table_batch, SYSTEM_CLOCK, logs)
     logs.ran(batch_id)
     lasts = [w["last_micros"] for w in written if w["last_micros"]]
     return {"rows": sum(w["rows"] for w in written if w["kind"] == "count"),

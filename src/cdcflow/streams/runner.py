@@ -42,7 +42,7 @@ from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, i
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.progress import count_batch
 from cdcflow.streams.rebackfill import Sweeper
-from cdcflow.streams.setup import StreamSetup, prepare_stream
+from cdcflow.streams.setup import FIRST_BATCHES, StreamSetup, numbered, prepare_stream, start_afresh
 from cdcflow.streams.source_watch import SourceWatch
 from cdcflow.streams.states import StreamState
 from cdcflow.streams.warmup import StandbyWarmUp
@@ -255,6 +255,8 @@ class Runner:
                     f"{object_name} has no primary key: its changes go to event files only, "
                     "not to a CDC table; name its key columns in the source's primary_keys"))
             if "cdc_start" not in self.catalog.status(name):  # the worker starts after this
+                first = start_afresh(setup, self.home / "checkpoints")
+                self.catalog.update_status(name, **{FIRST_BATCHES: first})
                 run_backfill(setup, self.catalog, self.clock)
             self.catalog.act(name, "started")
         except Exception as error:
@@ -319,7 +321,7 @@ class Runner:
         placement = cluster_placement(definition, self.master, self.home)
         worker.stats["segment_root"] = placement.segment_root if placement else None
         worker.reporting = start_query(
-            self.spark, setup.plan, log_path, change_stream,
+            self.spark, numbered(setup.plan, status), log_path, change_stream,
             format_rfc3339(from_micros(int(status["cdc_start"]))),
             checkpoints / definition.name, trigger, definition.spark.max_records_per_trigger,
             lambda result: self._record_progress(definition.name, log_path, change_stream,

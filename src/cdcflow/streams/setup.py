@@ -10,9 +10,11 @@ An object without a primary key has no table: its changes go to events as they a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -26,6 +28,7 @@ from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type
 from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
+from cdcflow.table.pending import applied_version
 from cdcflow.table.writers import TableWriter, claim_tables
 
 DEFAULT_APPLY_SECONDS = 10.0
@@ -135,3 +138,31 @@ def prepare_stream(definition: Definition, home: Path,
     keyless = tuple(sorted(o for o in objects if o not in tables)) \
         if cdc_destination(definition) is not None else ()
     return StreamSetup(definition, source, objects, tables, plan, keyless)
+
+
+FIRST_BATCHES = "first_batches"
+"""The status key of the numbers a stream's first Spark batch has in its destinations."""
+
+
+def start_afresh(setup: StreamSetup, checkpoints: Path) -> dict[str, int]:
+    """At a stream's first start: remove what an earlier stream of its name left in
+    `checkpoints` (its Spark checkpoint, whose offsets are another source's, and its
+    control file), and return the numbers this stream's first batch has in its
+    destinations: on from the batches they hold under its app id and name, so that none of
+    its batches is taken for one of those and skipped."""
+    name = setup.definition.name
+    shutil.rmtree(checkpoints / name, ignore_errors=True)
+    (checkpoints / f"{name}.control").unlink(missing_ok=True)
+    plan = setup.plan
+    versions = [applied_version(root, plan.app_id) for root in plan.tables.values()]
+    writer = plan.writer()
+    last_event = writer.last_batch() if writer is not None else None
+    return {"tables": max((v + 1 for v in versions if v is not None), default=0),
+            "events": 0 if last_event is None else last_event + 1}
+
+
+def numbered(plan: BatchPlan, status: dict[str, Any]) -> BatchPlan:
+    """`plan` numbering its batches from the first numbers `start_afresh` recorded."""
+    first = status.get(FIRST_BATCHES) or {}
+    return replace(plan, first_table_batch=int(first.get("tables", 0)),
+                   first_event_batch=int(first.get("events", 0)))
