@@ -3,8 +3,8 @@
 One pipeline serves the runner's streams and `apply_change_stream`. A micro-batch of the
 "cdcflow" source is repartitioned by (table, keys); executors fold each key's mods onto the
 key's row (`cdcflow.table.fold`), write CDC-table pending files and event files, and describe
-what they wrote; the driver then commits each CDC table with the (app id, batch id) app
-transaction and writes the event batch manifest last. A replayed batch id changes nothing.
+what they wrote; the driver writes the event batch manifest, then commits each CDC table
+with the (app id, batch id) app transaction. A replayed batch id changes nothing.
 
 This module imports no pyspark at import time (the runner imports it); Spark objects arrive
 as arguments.
@@ -74,12 +74,10 @@ class BatchPlan:
     driver_rows: int = 20_000
     """A batch of at most this many mods is folded and written on the driver: no shuffle,
     no second stage (0: every batch goes through the executors)."""
-    first_table_batch: int = 0
-    """The number Spark's batch 0 has in the CDC tables' (app id, version) transactions."""
     first_event_batch: int = 0
-    """The number Spark's batch 0 has in the event manifests. Both are 0 but for a stream
-    created again under the name of one whose batches its destinations hold: it numbers
-    its batches on from those (`cdcflow.streams.setup.first_batches`)."""
+    """The number Spark's batch 0 has in the event manifests: 0 but for a stream created
+    again under the name of one whose manifests its event root holds, which numbers its
+    batches on from those (`cdcflow.streams.setup.start_afresh`)."""
 
     def writer(self) -> EventFileWriter | None:
         if self.events is None:
@@ -196,10 +194,9 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
     began = time.monotonic()
     logs = logs or PendingLogs()
     writer = plan.writer()
-    table_batch, event_batch = (plan.first_table_batch + batch_id,
-                                plan.first_event_batch + batch_id)
+    event_batch = plan.first_event_batch + batch_id
     cdc_done = not logs.ran_before(batch_id) and all(
-        _committed(root, plan.app_id, table_batch, logs) for root in plan.tables.values())
+        _committed(root, plan.app_id, batch_id, logs) for root in plan.tables.values())
     events_done = writer is None or writer.is_committed(event_batch)
     if cdc_done and events_done:
         return {"rows": 0, "seconds": 0.0, "last_micros": None}
@@ -218,7 +215,7 @@ def run_batch(plan: BatchPlan, frame: Any, batch_id: int,
         added = [f for w in mine for f in fields_from_json(w["added"])]
         if added:
             CdcTable.open(root).add_columns(added)  # before the files that hold them commit
-        commit_pending_files(root, mine, plan.app_id, table_batch, SYSTEM_CLOCK, logs)
+        commit_pending_files(root, mine, plan.app_id, batch_id, SYSTEM_CLOCK, logs)
     logs.ran(batch_id)
     lasts = [w["last_micros"] for w in written if w["last_micros"]]
     return {"rows": sum(w["rows"] for w in written if w["kind"] == "count"),

@@ -42,7 +42,7 @@ from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, i
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.progress import count_batch
 from cdcflow.streams.rebackfill import Sweeper
-from cdcflow.streams.setup import FIRST_BATCHES, StreamSetup, numbered, prepare_stream, start_afresh
+from cdcflow.streams.setup import StreamSetup, numbered, prepare_stream, start_afresh
 from cdcflow.streams.source_watch import SourceWatch
 from cdcflow.streams.states import StreamState
 from cdcflow.streams.warmup import StandbyWarmUp
@@ -255,8 +255,7 @@ class Runner:
                     f"{object_name} has no primary key: its changes go to event files only, "
                     "not to a CDC table; name its key columns in the source's primary_keys"))
             if "cdc_start" not in self.catalog.status(name):  # the worker starts after this
-                first = start_afresh(setup, self.home / "checkpoints")
-                self.catalog.update_status(name, **{FIRST_BATCHES: first})
+                setup = worker.setup = start_afresh(setup, self.home, self.catalog)
                 run_backfill(setup, self.catalog, self.clock)
             self.catalog.act(name, "started")
         except Exception as error:

@@ -10,6 +10,7 @@ An object without a primary key has no table: its changes go to events as they a
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -28,7 +29,6 @@ from cdcflow.streams.sources import open_source
 from cdcflow.table import CdcTable
 from cdcflow.table.arrow_types import arrow_type
 from cdcflow.table.metadata import MIN_FILE_RETENTION_SECONDS
-from cdcflow.table.pending import applied_version
 from cdcflow.table.writers import TableWriter, claim_tables
 
 DEFAULT_APPLY_SECONDS = 10.0
@@ -140,29 +140,49 @@ def prepare_stream(definition: Definition, home: Path,
     return StreamSetup(definition, source, objects, tables, plan, keyless)
 
 
-FIRST_BATCHES = "first_batches"
-"""The status key of the numbers a stream's first Spark batch has in its destinations."""
+APP_ID, FIRST_EVENT_BATCH = "app_id", "first_event_batch"
+"""Status keys: the app id a stream's CDC-table commits carry (a stream from before these
+keys: `app_id(definition)`), and the number its Spark batch 0 has in its event manifests."""
 
 
-def start_afresh(setup: StreamSetup, checkpoints: Path) -> dict[str, int]:
-    """At a stream's first start: remove what an earlier stream of its name left in
-    `checkpoints` (its Spark checkpoint, whose offsets are another source's, and its
-    control file), and return the numbers this stream's first batch has in its
-    destinations: on from the batches they hold under its app id and name, so that none of
-    its batches is taken for one of those and skipped."""
+def start_afresh(setup: StreamSetup, home: Path, catalog: Catalog) -> StreamSetup:
+    """A stream's first start, and only that (no CDC start, no app id in its status), sweeps
+    what an earlier stream of its name left: its Spark checkpoint (offsets of another source)
+    and control file, and, without a CDC-table destination and before any backfill, its
+    row state (another source's rows). It records an app id of its own, which no batch in a
+    table carries, and numbers its event batches on from the manifests under its name, so
+    that none of its batches is taken for an earlier one's and skipped. Returns the setup
+    to go on with (made again when the row state went)."""
     name = setup.definition.name
-    shutil.rmtree(checkpoints / name, ignore_errors=True)
-    (checkpoints / f"{name}.control").unlink(missing_ok=True)
-    plan = setup.plan
-    versions = [applied_version(root, plan.app_id) for root in plan.tables.values()]
-    writer = plan.writer()
+    status = catalog.status(name)
+    if "cdc_start" in status or APP_ID in status:
+        return setup
+    _remove(home / "checkpoints" / name)
+    _remove(home / "checkpoints" / f"{name}.control")
+    if cdc_destination(setup.definition) is None and "backfill" not in status:
+        for root in setup.tables.values():  # claimed by this stream: its own state
+            _remove(Path(root))
+        setup = prepare_stream(setup.definition, home, catalog)
+    writer = setup.plan.writer()
     last_event = writer.last_batch() if writer is not None else None
-    return {"tables": max((v + 1 for v in versions if v is not None), default=0),
-            "events": 0 if last_event is None else last_event + 1}
+    catalog.update_status(name, **{
+        APP_ID: f"{app_id(setup.definition)}#{secrets.token_hex(8)}",
+        FIRST_EVENT_BATCH: 0 if last_event is None else last_event + 1})
+    return setup
+
+
+def _remove(path: Path) -> None:
+    """`path` gone, whether a folder or a file; an error but its absence is raised."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def numbered(plan: BatchPlan, status: dict[str, Any]) -> BatchPlan:
-    """`plan` numbering its batches from the first numbers `start_afresh` recorded."""
-    first = status.get(FIRST_BATCHES) or {}
-    return replace(plan, first_table_batch=int(first.get("tables", 0)),
-                   first_event_batch=int(first.get("events", 0)))
+    """`plan` with the app id and the first event batch that `start_afresh` recorded."""
+    return replace(plan, app_id=str(status.get(APP_ID, plan.app_id)),
+                   first_event_batch=int(status.get(FIRST_EVENT_BATCH, 0)))

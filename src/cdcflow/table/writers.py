@@ -81,6 +81,7 @@ class TableWriter:
         held = _claim_of(root)
         if held is not None and self.legacy is not None and held["writer"] == self.legacy:
             _replace(path, claim)  # from now on, only this writer's id is its own
+            self.check(root, name)  # another upgrading at once: the last one's it is
         return made
 
 

@@ -36,15 +36,10 @@ def write(db: Database, ids: range) -> None:
             tx.insert_or_update("Orders", {"Id": i, "Note": f"n{i}"})
 
 
-def run_once(catalog: Catalog, spark: object, source: Path, warehouse: Path, events: Path,
-             ids: range) -> None:
-    """Create `lake` over `source`, run it, write `ids` while it runs, drain it."""
-    catalog.create(StreamDefinition.parse({
-        "name": "lake", "source": {"database": str(source), "change_stream": "S"},
-        "destinations": [{"kind": "cdc_table", "warehouse": str(warehouse)},
-                         {"kind": "event_files", "root": str(events)}],
-        "spark": {"trigger_seconds": 0.3}}))
-    catalog.act("lake", "start")
+def run_once(catalog: Catalog, spark: object, source: Path, ids: range,
+             action: str = "start") -> None:
+    """`action` stream `lake`, run it, write `ids` into `source` while it runs, drain it."""
+    catalog.act("lake", action)
     with running(Path(catalog.path), spark):
         wait_for(catalog, "lake", StreamState.RUNNING)
         db = Database.open(str(source))
@@ -54,22 +49,33 @@ def run_once(catalog: Catalog, spark: object, source: Path, warehouse: Path, eve
         wait_for(catalog, "lake", StreamState.PAUSED)
 
 
+def create(catalog: Catalog, source: Path, warehouse: Path, events: Path) -> None:
+    catalog.create(StreamDefinition.parse({
+        "name": "lake", "source": {"database": str(source), "change_stream": "S"},
+        "destinations": [{"kind": "cdc_table", "warehouse": str(warehouse)},
+                         {"kind": "event_files", "root": str(events)}],
+        "spark": {"trigger_seconds": 0.3}}))
+
+
 def test_a_stream_created_again_under_its_name_delivers_every_change(spark, tmp_path: Path):
     catalog = Catalog(tmp_path / "catalog.db")
     warehouse, events = tmp_path / "warehouse", tmp_path / "events"
     shop(tmp_path / "a.db", range(1, 4))
-    run_once(catalog, spark, tmp_path / "a.db", warehouse, events, range(4, 7))
-    assert catalog.status("lake")["first_batches"] == {"tables": 0, "events": 0}
+    create(catalog, tmp_path / "a.db", warehouse, events)
+    run_once(catalog, spark, tmp_path / "a.db", range(4, 7))
+    assert catalog.status("lake")["first_event_batch"] == 0
     written = catalog.status("lake")["batches"]
     catalog.delete("lake")
     shop(tmp_path / "b.db", range(100, 103))
-    run_once(catalog, spark, tmp_path / "b.db", warehouse, events, range(103, 106))
+    create(catalog, tmp_path / "b.db", warehouse, events)
+    run_once(catalog, spark, tmp_path / "b.db", range(103, 106))
+    status = catalog.status("lake")
+    assert status["first_event_batch"] == written  # every batch commits a manifest
+    run_once(catalog, spark, tmp_path / "b.db", range(106, 109), "resume")  # its checkpoint
+    assert catalog.status("lake")["app_id"] == status["app_id"]
     assert catalog.errors("lake") == []
-    first = catalog.status("lake")["first_batches"]
-    assert first["events"] == written  # every batch commits a manifest
-    assert 1 <= first["tables"] <= written  # a batch with no change of a table: no commit
     rows = CdcTable.open(warehouse / "Orders").to_arrow().to_pylist()
-    assert sorted(r["Id"] for r in rows) == [*range(1, 7), *range(100, 106)]
+    assert sorted(r["Id"] for r in rows) == [*range(1, 7), *range(100, 109)]
     delivered = [int(e["payload"]["Id"]) for f in EventFileWriter(events, "lake")
                  .committed_files() for e in read_json_events(f)]  # no batch missing
-    assert sorted(delivered) == [*range(1, 7), *range(100, 106)]
+    assert sorted(delivered) == [*range(1, 7), *range(100, 109)]  # none delivered twice

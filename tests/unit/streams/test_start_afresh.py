@@ -1,11 +1,14 @@
-"""A stream's first start (EV-9) when an earlier stream of its name left a checkpoint and
-batches in its destinations: the checkpoint goes, and each destination numbers the new
-stream's batches on from its own, so that none is taken for an earlier one's (EV-7) and the
-event manifests stay without a gap."""
+"""A stream's first start (EV-9) when an earlier stream of its name left a checkpoint, row
+state and batches in its destinations: the checkpoint and the row state go, its CDC-table
+commits carry an app id of their own, and its event batches are numbered on from the
+manifests under its name, so that none of its batches is taken for an earlier one's and
+skipped (EV-7). Only the first start does this: a restart, a resume or a retry keeps the
+checkpoint."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,47 +16,93 @@ from cdcflow import Database
 from cdcflow.events.files import EventFileWriter
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import StreamDefinition
-from cdcflow.streams.setup import FIRST_BATCHES, numbered, prepare_stream, start_afresh
+from cdcflow.streams.setup import APP_ID, numbered, prepare_stream, start_afresh
 from cdcflow.table import CdcTable
+from cdcflow.table.pending import applied_version
 
 pytestmark = pytest.mark.unit
 
 
-def lake(tmp_path: Path) -> StreamDefinition:
+def lake(tmp_path: Path, destinations: list[dict[str, Any]]) -> Catalog:
+    """A catalog with stream `lake` over an embedded database with table `Orders`."""
     db = Database.open(str(tmp_path / "shop.db"))
     db.ddl("CREATE TABLE Orders (Id INT64 NOT NULL) PRIMARY KEY (Id)")
     db.ddl("CREATE CHANGE STREAM S FOR ALL")
     db.close()
-    return StreamDefinition.parse({
-        "name": "lake", "source": {"database": str(tmp_path / "shop.db"), "change_stream": "S"},
-        "destinations": [{"kind": "cdc_table", "warehouse": str(tmp_path / "warehouse")},
-                         {"kind": "event_files", "root": str(tmp_path / "events")}]})
-
-
-def test_numbers_go_on_from_each_destination_s_own_and_the_checkpoint_goes(tmp_path: Path):
     catalog = Catalog(tmp_path / "catalog.db")
-    setup = prepare_stream(lake(tmp_path), tmp_path, catalog)
-    connection = CdcTable.open(setup.tables["Orders"]).connection()
-    for version in range(8):  # the earlier stream's table holds its batches 0..7
-        connection.append([{"Id": version, "_CHANGE_TYPE": "UPSERT"}],
-                          app_id=setup.plan.app_id, version=version)
-    writer = EventFileWriter(tmp_path / "events", "lake")
-    for batch in range(5):  # and its event manifests 0..4 (an events destination added late)
-        writer.commit_batch(batch, [])
-    writer.commit_batch("backfill-Orders-x-000000", [])  # not a streaming batch: not counted
+    catalog.create(StreamDefinition.parse({
+        "name": "lake", "source": {"database": str(tmp_path / "shop.db"), "change_stream": "S"},
+        "destinations": destinations}))
+    return catalog
+
+
+def left_checkpoint(tmp_path: Path) -> Path:
     checkpoints = tmp_path / "checkpoints"
     (checkpoints / "lake" / "offsets").mkdir(parents=True)
     (checkpoints / "lake.control").write_text("stop")
-    (checkpoints / "other").mkdir()
-    first = start_afresh(setup, checkpoints)
-    assert first == {"tables": 8, "events": 5}
+    (checkpoints / "other").mkdir(exist_ok=True)
+    return checkpoints
+
+
+def test_a_first_start_sweeps_the_earlier_stream_s_leavings(tmp_path: Path):
+    catalog = lake(tmp_path, [{"kind": "cdc_table", "warehouse": str(tmp_path / "warehouse")},
+                              {"kind": "event_files", "root": str(tmp_path / "events")}])
+    setup = prepare_stream(catalog.get("lake").definition, tmp_path, catalog)
+    root = setup.tables["Orders"]
+    connection = CdcTable.open(root).connection()
+    for version in range(8):  # the earlier stream's table holds its batches 0..7
+        connection.append([{"Id": version, "_CHANGE_TYPE": "UPSERT"}], app_id="stream:lake",
+                          version=version)
+    writer = EventFileWriter(tmp_path / "events", "lake")
+    for batch in range(5):  # and its event manifests 0..4
+        writer.commit_batch(batch, [])
+    writer.commit_batch("backfill-Orders-x-000000", [])  # not a streaming batch: not counted
+    checkpoints = left_checkpoint(tmp_path)
+    assert start_afresh(setup, tmp_path, catalog) is setup
     assert sorted(p.name for p in checkpoints.iterdir()) == ["other"]
-    plan = numbered(setup.plan, {FIRST_BATCHES: first})
-    assert (plan.first_table_batch, plan.first_event_batch) == (8, 5)
-    assert numbered(setup.plan, {}) == setup.plan  # a stream from before: from 0
+    plan = numbered(setup.plan, catalog.status("lake"))
+    assert plan.app_id.startswith("stream:lake#") and plan.first_event_batch == 5
+    assert applied_version(root, plan.app_id) is None  # no batch of its taken as written
+    assert len(CdcTable.open(root).to_arrow()) == 8  # a destination's rows stay
 
 
-def test_a_first_stream_of_its_name_starts_at_zero(tmp_path: Path):
-    setup = prepare_stream(lake(tmp_path), tmp_path, Catalog(tmp_path / "catalog.db"))
-    assert start_afresh(setup, tmp_path / "checkpoints") == {"tables": 0, "events": 0}
-    assert (setup.plan.first_table_batch, setup.plan.first_event_batch) == (0, 0)
+def test_only_the_first_start_sweeps(tmp_path: Path):
+    """A restart, resume or retry (an app id recorded) and a stream from before these keys
+    (its CDC start recorded) keep their checkpoint and numbering."""
+    catalog = lake(tmp_path, [{"kind": "cdc_table", "warehouse": str(tmp_path / "warehouse")}])
+    setup = prepare_stream(catalog.get("lake").definition, tmp_path, catalog)
+    start_afresh(setup, tmp_path, catalog)
+    recorded = catalog.status("lake")[APP_ID]
+    checkpoints = left_checkpoint(tmp_path)  # the stream's own, from its first run
+    start_afresh(setup, tmp_path, catalog)
+    assert (checkpoints / "lake" / "offsets").is_dir() and catalog.status("lake")[APP_ID] == (
+        recorded)
+    catalog.delete("lake")
+    catalog = lake(tmp_path / "before", [{"kind": "cdc_table",
+                                           "warehouse": str(tmp_path / "warehouse2")}])
+    catalog.update_status("lake", cdc_start=1)  # started by a cdcflow before app ids
+    checkpoints = left_checkpoint(tmp_path / "before")
+    start_afresh(setup, tmp_path / "before", catalog)
+    assert (checkpoints / "lake" / "offsets").is_dir()
+    assert numbered(setup.plan, catalog.status("lake")).app_id == "stream:lake"
+
+
+def test_row_state_goes_at_a_first_start_but_not_after_backfill_began(tmp_path: Path):
+    """Without a CDC-table destination the stream keeps each object's rows in its own state
+    tables, to give events whole rows (EV-5): an earlier stream's rows would be another
+    source's. A first start cut short after its backfill began (by a cdcflow before app
+    ids) keeps what it backfilled."""
+    catalog = lake(tmp_path, [{"kind": "event_files", "root": str(tmp_path / "events")}])
+    setup = prepare_stream(catalog.get("lake").definition, tmp_path, catalog)
+    CdcTable.open(setup.tables["Orders"]).connection().append(
+        [{"Id": 1, "_CHANGE_TYPE": "UPSERT"}])
+    again = start_afresh(setup, tmp_path, catalog)
+    assert again is not setup and again.tables == setup.tables
+    assert len(CdcTable.open(again.tables["Orders"]).to_arrow()) == 0
+    cut_short = lake(tmp_path / "cut", [{"kind": "event_files", "root": str(tmp_path / "ev")}])
+    cut_short.update_status("lake", backfill={"Orders": {"state": "RUNNING", "rows": 1}})
+    setup = prepare_stream(cut_short.get("lake").definition, tmp_path / "cut", cut_short)
+    CdcTable.open(setup.tables["Orders"]).connection().append(
+        [{"Id": 2, "_CHANGE_TYPE": "UPSERT"}])
+    assert start_afresh(setup, tmp_path / "cut", cut_short) is setup
+    assert len(CdcTable.open(setup.tables["Orders"]).to_arrow()) == 1
