@@ -19,6 +19,7 @@ import io
 import itertools
 import json
 import os
+import re
 import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable
@@ -63,6 +64,10 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
+_STREAMING_MANIFEST = re.compile(r"batch-(\d{12,})\.json", re.ASCII)
+"""A streaming batch's manifest (a backfill's are named by their keys)."""
+
+
 class EventFileWriter:
     """Writes batches of events of one stream as files, exactly once per batch id."""
 
@@ -94,8 +99,9 @@ class EventFileWriter:
 
     def last_batch(self) -> int | None:
         """The highest numbered streaming batch with a manifest (None: none)."""
-        return max((int(m.stem[6:]) for m in (self.base / "_manifests").glob("batch-*.json")
-                    if m.stem[6:].isdigit()), default=None)
+        numbered = (_STREAMING_MANIFEST.fullmatch(m.name)
+                    for m in (self.base / "_manifests").glob("batch-*.json"))
+        return max((int(found[1]) for found in numbered if found), default=None)
 
     def write_part(self, batch_id: int | str, part: int, events: Iterable[Event],
                    layout: str = "") -> list[dict[str, Any]]:

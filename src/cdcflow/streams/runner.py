@@ -42,7 +42,7 @@ from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, i
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.progress import count_batch
 from cdcflow.streams.rebackfill import Sweeper
-from cdcflow.streams.setup import StreamSetup, numbered, prepare_stream, start_afresh
+from cdcflow.streams.setup import StreamSetup, as_recorded, prepare_stream, start_afresh
 from cdcflow.streams.source_watch import SourceWatch
 from cdcflow.streams.states import StreamState
 from cdcflow.streams.warmup import StandbyWarmUp
@@ -171,6 +171,7 @@ class Runner:
                 return
         match record.state:
             case StreamState.STARTING:
+                self._halt(worker)  # what a pause, or a deletion, left within one turn
                 self._in_thread(worker, self._start, record)
             case StreamState.RUNNING:
                 self._keep_running(record, worker)
@@ -255,7 +256,7 @@ class Runner:
                     f"{object_name} has no primary key: its changes go to event files only, "
                     "not to a CDC table; name its key columns in the source's primary_keys"))
             if "cdc_start" not in self.catalog.status(name):  # the worker starts after this
-                setup = worker.setup = start_afresh(setup, self.home, self.catalog)
+                start_afresh(setup, self.home, self.catalog)
                 run_backfill(setup, self.catalog, self.clock)
             self.catalog.act(name, "started")
         except Exception as error:
@@ -320,7 +321,7 @@ class Runner:
         placement = cluster_placement(definition, self.master, self.home)
         worker.stats["segment_root"] = placement.segment_root if placement else None
         worker.reporting = start_query(
-            self.spark, numbered(setup.plan, status), log_path, change_stream,
+            self.spark, as_recorded(setup.plan, status), log_path, change_stream,
             format_rfc3339(from_micros(int(status["cdc_start"]))),
             checkpoints / definition.name, trigger, definition.spark.max_records_per_trigger,
             lambda result: self._record_progress(definition.name, log_path, change_stream,

@@ -81,8 +81,7 @@ def ensure_tables(definition: Definition, objects: list[SourceObject],
     `catalog` (`table_writer`); object -> resolved root."""
     destination = cdc_destination(definition)
     if destination is None:
-        state = Path(definition.spark.storage_root or home) / "state"
-        folder, staleness, retention = state / definition.name, None, 2 * 86_400.0
+        folder, staleness, retention = state_folder(definition, home), None, 2 * 86_400.0
         files_kept = MIN_FILE_RETENTION_SECONDS
     else:
         folder = Path(destination.warehouse)
@@ -107,9 +106,14 @@ TABLE_REMEDY = ("give one of the streams a warehouse of its own, or leave the ob
                 "of one (its include and exclude)")
 
 
+def state_folder(definition: Definition, home: Path) -> Path:
+    """Where a stream without a CDC-table destination keeps its objects' rows."""
+    return Path(definition.spark.storage_root or home) / "state" / definition.name
+
+
 def table_writer(definition: Definition, catalog: Catalog | None = None) -> TableWriter:
-    """The stream as the writer of its CDC tables: its checkpoint's app id and its catalog's
-    identity, so that two catalogs' streams of one name are two writers. A claim recorded
+    """The stream as the writer of its CDC tables: its name and its catalog's identity, so
+    that two catalogs' streams of one name are two writers. A claim recorded
     by the app id alone (an earlier cdcflow's) is the stream's, and becomes its catalog's.
     Without a catalog (a benchmark's stream, say), the app id alone."""
     if catalog is None:
@@ -145,44 +149,48 @@ APP_ID, FIRST_EVENT_BATCH = "app_id", "first_event_batch"
 keys: `app_id(definition)`), and the number its Spark batch 0 has in its event manifests."""
 
 
-def start_afresh(setup: StreamSetup, home: Path, catalog: Catalog) -> StreamSetup:
+def start_afresh(setup: StreamSetup, home: Path, catalog: Catalog) -> None:
     """A stream's first start, and only that (no CDC start, no app id in its status), sweeps
     what an earlier stream of its name left: its Spark checkpoint (offsets of another source)
-    and control file, and, without a CDC-table destination and before any backfill, its
-    row state (another source's rows). It records an app id of its own, which no batch in a
-    table carries, and numbers its event batches on from the manifests under its name, so
-    that none of its batches is taken for an earlier one's and skipped. Returns the setup
-    to go on with (made again when the row state went)."""
-    name = setup.definition.name
-    status = catalog.status(name)
+    and control file, and, without a CDC-table destination and before any backfill, the row
+    state of every object it kept (another source's rows). It records an app id of its
+    own, which no batch in a table carries, and numbers its event batches on from the
+    manifests under its name, so that none of its batches is taken for an earlier one's and
+    skipped."""
+    definition = setup.definition
+    status = catalog.status(definition.name)
     if "cdc_start" in status or APP_ID in status:
-        return setup
-    _remove(home / "checkpoints" / name)
-    _remove(home / "checkpoints" / f"{name}.control")
-    if cdc_destination(setup.definition) is None and "backfill" not in status:
-        for root in setup.tables.values():  # claimed by this stream: its own state
-            _remove(Path(root))
-        setup = prepare_stream(setup.definition, home, catalog)
-    writer = setup.plan.writer()
-    last_event = writer.last_batch() if writer is not None else None
-    catalog.update_status(name, **{
-        APP_ID: f"{app_id(setup.definition)}#{secrets.token_hex(8)}",
+        return
+    _remove(home / "checkpoints" / definition.name)
+    _remove(home / "checkpoints" / f"{definition.name}.control")
+    if cdc_destination(definition) is None and "backfill" not in status:
+        claims = table_writer(definition, catalog)
+        folder = state_folder(definition, home)
+        for root in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if claims.holds(root):  # not another catalog's (one storage root for both)
+                _remove(root)
+        ensure_tables(definition, list(setup.objects.values()), home, catalog)
+    events = setup.plan.writer()
+    last_event = events.last_batch() if events is not None else None
+    catalog.update_status(definition.name, **{
+        APP_ID: f"{app_id(definition)}#{secrets.token_hex(8)}",
         FIRST_EVENT_BATCH: 0 if last_event is None else last_event + 1})
-    return setup
 
 
 def _remove(path: Path) -> None:
-    """`path` gone, whether a folder or a file; an error but its absence is raised."""
+    """`path` gone, whether a folder or a file; any error is raised while part of it is
+    there."""
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink()
     except FileNotFoundError:
-        pass
+        if path.exists() or path.is_symlink():
+            raise
 
 
-def numbered(plan: BatchPlan, status: dict[str, Any]) -> BatchPlan:
+def as_recorded(plan: BatchPlan, status: dict[str, Any]) -> BatchPlan:
     """`plan` with the app id and the first event batch that `start_afresh` recorded."""
     return replace(plan, app_id=str(status.get(APP_ID, plan.app_id)),
                    first_event_batch=int(status.get(FIRST_EVENT_BATCH, 0)))

@@ -33,7 +33,7 @@ WRITER_FILE = "writer.json"
 
 @dataclass(frozen=True, slots=True)
 class TableWriter:
-    """Who applies into tables: `writer` identifies it (a stream's checkpoint app id),
+    """Who applies into tables: `writer` identifies it (a stream by name and catalog),
     `what` names it for people ("stream 'lake'"); `remedy` says how its user gives it a
     table of its own."""
 
@@ -80,9 +80,14 @@ class TableWriter:
         self.check(root, name)
         held = _claim_of(root)
         if held is not None and self.legacy is not None and held["writer"] == self.legacy:
-            _replace(path, claim)  # from now on, only this writer's id is its own
-            self.check(root, name)  # another upgrading at once: the last one's it is
+            _take_over(path, self.legacy, claim)  # from now on, only this writer's id
+            self.check(root, name)
         return made
+
+    def holds(self, root: Path) -> bool:
+        """Whether the table at `root` is this writer's (or unclaimed)."""
+        held = _claim_of(root)
+        return held is None or held["writer"] in (self.writer, self.legacy)
 
 
 def claim_tables(writer: TableWriter, roots: dict[str, Path]) -> None:
@@ -136,15 +141,26 @@ def _create_once(path: Path, data: bytes) -> bool:
     return True
 
 
-def _replace(path: Path, data: bytes) -> None:
-    """`data` at `path` in place of what is there, whole or not at all."""
-    aside = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.tmp")
+def _take_over(path: Path, legacy: str, claim: bytes) -> None:
+    """Put `claim` in place of a claim by the `legacy` id, compare-and-swap: the claim is
+    moved aside (of two writers taking it over at once, one moves it), and whatever the
+    move found that is not the legacy claim is put back."""
+    moved = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.old")
     try:
-        _write_synced(aside, data)
-        os.replace(aside, path)
+        os.rename(path, moved)
+    except FileNotFoundError:
+        raise Unavailable(
+            f"the claim '{os.path.abspath(path)}' is being taken over by another writer; "
+            "try again") from None
+    try:
+        found = moved.read_bytes()
+        try:
+            legacy_claim = json.loads(found).get("writer") == legacy
+        except (ValueError, AttributeError):
+            legacy_claim = False
+        _create_once(path, claim if legacy_claim else found)
     finally:
-        aside.unlink(missing_ok=True)
-    _sync_folder(path.parent)
+        moved.unlink(missing_ok=True)
 
 
 def _write_synced(path: Path, data: bytes) -> None:

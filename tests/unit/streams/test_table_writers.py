@@ -136,14 +136,32 @@ def test_a_claimed_folder_another_object_reaches_is_refused(tmp_path: Path):
         f"'{warehouse / 'public.Orders'}' is the folder of 'public.orders'")
 
 
-def claim_at_once(root: str, writer: str, ready: Any, results: Any) -> None:
+def claim_at_once(root: str, writer: str, ready: Any, results: Any,
+                  legacy: str | None = None) -> None:
     ready.wait(30)
     try:
-        TableWriter(writer, f"stream {writer!r}", "a warehouse of its own").claim(
+        TableWriter(writer, f"stream {writer!r}", "a warehouse of its own", legacy).claim(
             Path(root), "Orders")
         results.put((writer, "claimed"))
-    except FailedPrecondition as error:
+    except (FailedPrecondition, Unavailable) as error:
         results.put((writer, str(error)))
+
+
+def claim_together(root: Path, writers: list[str], legacy: str | None = None
+                   ) -> dict[str, str]:
+    """Each writer claims `root` in a process of its own, all released at once: writer ->
+    "claimed" or the error's message."""
+    context = multiprocessing.get_context("spawn")
+    ready, results = context.Barrier(len(writers)), context.Queue()
+    workers = [context.Process(target=claim_at_once, args=(str(root), writer, ready, results,
+                                                           legacy)) for writer in writers]
+    for worker in workers:
+        worker.start()
+    outcomes = dict(results.get(timeout=60) for _ in workers)
+    for worker in workers:
+        worker.join(30)
+        assert worker.exitcode == 0
+    return outcomes
 
 
 def test_writers_that_claim_one_table_at_once_leave_exactly_one_writer(tmp_path: Path):
@@ -151,20 +169,36 @@ def test_writers_that_claim_one_table_at_once_leave_exactly_one_writer(tmp_path:
     naming it, and no aside file is left."""
     root = tmp_path / "Orders"
     CdcTable.ensure(root, pa.schema([pa.field("Id", pa.int64(), False)]), ["Id"])
-    context = multiprocessing.get_context("spawn")
-    ready, results = context.Barrier(6), context.Queue()
-    workers = [context.Process(target=claim_at_once, args=(str(root), f"w{n}", ready, results))
-               for n in range(6)]
-    for worker in workers:
-        worker.start()
-    outcomes = dict(results.get(timeout=60) for _ in workers)
-    for worker in workers:
-        worker.join(30)
-        assert worker.exitcode == 0
+    outcomes = claim_together(root, [f"w{n}" for n in range(6)])
     [winner] = [w for w, outcome in outcomes.items() if outcome == "claimed"]
     assert claim_of(root)["writer"] == winner
     for writer, outcome in outcomes.items():
         if writer != winner:
+            assert f"which stream {winner!r} applies 'Orders' into" in outcome, outcome
+    assert sorted(p.name for p in (root / "_cdcflow").iterdir()
+                  if WRITER_FILE in p.name) == [WRITER_FILE]
+
+
+def test_writers_that_take_over_one_legacy_claim_at_once_leave_exactly_one_writer(
+        tmp_path: Path):
+    """Six catalogs' streams of one name restart together on a table that an earlier
+    cdcflow claimed by that name alone: one takes it over, each other is refused naming it
+    or told to try again (and is then refused), and nothing is left aside."""
+    root = tmp_path / "Orders"
+    CdcTable.ensure(root, pa.schema([pa.field("Id", pa.int64(), False)]), ["Id"])
+    TableWriter("stream:lake", "stream 'lake'", "").claim(root, "Orders")
+    outcomes = claim_together(root, [f"stream:lake@catalog:c{n}" for n in range(6)],
+                              "stream:lake")
+    [winner] = [w for w, outcome in outcomes.items() if outcome == "claimed"]
+    assert claim_of(root)["writer"] == winner
+    for writer, outcome in outcomes.items():
+        if writer == winner:
+            continue
+        if "try again" in outcome:  # it met the claim moved aside
+            with pytest.raises(FailedPrecondition, match=re.escape(f"stream {winner!r}")):
+                TableWriter(writer, f"stream {writer!r}", "", "stream:lake").claim(root,
+                                                                                  "Orders")
+        else:
             assert f"which stream {winner!r} applies 'Orders' into" in outcome, outcome
     assert sorted(p.name for p in (root / "_cdcflow").iterdir()
                   if WRITER_FILE in p.name) == [WRITER_FILE]
