@@ -250,13 +250,13 @@ class Runner:
             placement = cluster_placement(record.definition, self.master, self.home)
             if placement is not None:  # before anything is written
                 check_storage_root(self.spark, placement.storage_root)
+            start_afresh(record.definition, self.home, self.catalog)  # before its tables
             setup = self._setup(record, worker)
             for object_name in setup.keyless:
                 self.catalog.record_error(name, object_name, (
                     f"{object_name} has no primary key: its changes go to event files only, "
                     "not to a CDC table; name its key columns in the source's primary_keys"))
             if "cdc_start" not in self.catalog.status(name):  # the worker starts after this
-                start_afresh(setup, self.home, self.catalog)
                 run_backfill(setup, self.catalog, self.clock)
             self.catalog.act(name, "started")
         except Exception as error:

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdcflow.capture.source import ChangeSource, SourceObject
-from cdcflow.events.files import Rotation
+from cdcflow.events.files import EventFileWriter, Rotation
 from cdcflow.spark.pipeline import BatchPlan, EventsPlan
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.definition import CdcTableDestination, EventFilesDestination
@@ -149,15 +149,14 @@ APP_ID, FIRST_EVENT_BATCH = "app_id", "first_event_batch"
 keys: `app_id(definition)`), and the number its Spark batch 0 has in its event manifests."""
 
 
-def start_afresh(setup: StreamSetup, home: Path, catalog: Catalog) -> None:
+def start_afresh(definition: Definition, home: Path, catalog: Catalog) -> None:
     """A stream's first start, and only that (no CDC start, no app id in its status), sweeps
-    what an earlier stream of its name left: its Spark checkpoint (offsets of another source)
-    and control file, and, without a CDC-table destination and before any backfill, the row
-    state of every object it kept (another source's rows). It records an app id of its
-    own, which no batch in a table carries, and numbers its event batches on from the
-    manifests under its name, so that none of its batches is taken for an earlier one's and
-    skipped."""
-    definition = setup.definition
+    what an earlier stream of its name left, before the stream's tables are made: its Spark
+    checkpoint (offsets of another source) and control file, and, without a CDC-table
+    destination and before any backfill, the row state of every object it kept (another
+    source's rows). It records an app id of its own, which no batch in a table carries, and
+    numbers its event batches on from the manifests under its name, so that none of its
+    batches is taken for an earlier one's and skipped."""
     status = catalog.status(definition.name)
     if "cdc_start" in status or APP_ID in status:
         return
@@ -169,9 +168,9 @@ def start_afresh(setup: StreamSetup, home: Path, catalog: Catalog) -> None:
         for root in sorted(folder.iterdir()) if folder.is_dir() else []:
             if claims.holds(root):  # not another catalog's (one storage root for both)
                 _remove(root)
-        ensure_tables(definition, list(setup.objects.values()), home, catalog)
-    events = setup.plan.writer()
-    last_event = events.last_batch() if events is not None else None
+    events = events_plan(definition)
+    last_event = (None if events is None else
+                  EventFileWriter(events.root, definition.name).last_batch())
     catalog.update_status(definition.name, **{
         APP_ID: f"{app_id(definition)}#{secrets.token_hex(8)}",
         FIRST_EVENT_BATCH: 0 if last_event is None else last_event + 1})

@@ -44,14 +44,14 @@ class TableWriter:
     """The id an earlier cdcflow recorded for this writer (a stream's, by its name alone):
     such a claim is this writer's, and its first claim records it under `writer` instead."""
 
-    def check(self, root: Path, name: str) -> None:
+    def check(self, root: Path, name: str) -> dict[str, str] | None:
         """FailedPrecondition if the table at `root` (if any) is another writer's, or this
-        writer's for another object than `name`."""
+        writer's for another object than `name`; else its claim (None: unclaimed)."""
         held = _claim_of(root)
         if held is None:
-            return
+            return None
         file = os.path.abspath(_path(root))
-        if held["writer"] not in (self.writer, self.legacy):
+        if not self._owns(held):
             ids = f" ({self.writer} and {held['writer']})" if held["what"] == self.what else ""
             raise FailedPrecondition(
                 f"{self.what} would apply {name!r} into the CDC table '{os.path.abspath(root)}', "
@@ -66,6 +66,7 @@ class TableWriter:
                 "does not tell letter case apart sees one name); leave one of them out or keep "
                 f"the tables on a filesystem that tells case apart. If {held['object']!r} is "
                 f"gone from the source for good, remove '{file}' and {name!r} takes it over")
+        return held
 
     def claim(self, root: Path, name: str) -> bool:
         """Make this writer the one of the table at `root` (the folder made if missing) for
@@ -77,8 +78,7 @@ class TableWriter:
         claim = json.dumps({"writer": self.writer, "what": self.what, "object": name}).encode()
         if not path.exists():
             made = _create_once(path, claim)
-        self.check(root, name)
-        held = _claim_of(root)
+        held = self.check(root, name)
         if held is not None and self.legacy is not None and held["writer"] == self.legacy:
             _take_over(path, self.legacy, claim)  # from now on, only this writer's id
             self.check(root, name)
@@ -87,7 +87,10 @@ class TableWriter:
     def holds(self, root: Path) -> bool:
         """Whether the table at `root` is this writer's (or unclaimed)."""
         held = _claim_of(root)
-        return held is None or held["writer"] in (self.writer, self.legacy)
+        return held is None or self._owns(held)
+
+    def _owns(self, held: dict[str, str]) -> bool:
+        return held["writer"] in (self.writer, self.legacy)
 
 
 def claim_tables(writer: TableWriter, roots: dict[str, Path]) -> None:

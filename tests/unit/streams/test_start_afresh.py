@@ -61,7 +61,7 @@ def test_a_first_start_sweeps_the_earlier_stream_s_leavings(tmp_path: Path):
         writer.commit_batch(batch, [])
     writer.commit_batch("backfill-Orders-x-000000", [])  # not a streaming batch: not counted
     checkpoints = left_checkpoint(tmp_path)
-    start_afresh(setup, tmp_path, catalog)
+    start_afresh(setup.definition, tmp_path, catalog)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["other"]
     plan = as_recorded(setup.plan, catalog.status("lake"))
     assert plan.app_id.startswith("stream:lake#") and plan.first_event_batch == 5
@@ -74,10 +74,10 @@ def test_only_the_first_start_sweeps(tmp_path: Path):
     (its CDC start recorded) keep their checkpoint and numbering."""
     catalog = lake(tmp_path, [{"kind": "cdc_table", "warehouse": str(tmp_path / "warehouse")}])
     setup = prepare_stream(catalog.get("lake").definition, tmp_path, catalog)
-    start_afresh(setup, tmp_path, catalog)
+    start_afresh(setup.definition, tmp_path, catalog)
     recorded = catalog.status("lake")[APP_ID]
     checkpoints = left_checkpoint(tmp_path)  # the stream's own, from its first run
-    start_afresh(setup, tmp_path, catalog)
+    start_afresh(setup.definition, tmp_path, catalog)
     assert (checkpoints / "lake" / "offsets").is_dir() and catalog.status("lake")[APP_ID] == (
         recorded)
     catalog.delete("lake")
@@ -85,7 +85,7 @@ def test_only_the_first_start_sweeps(tmp_path: Path):
                                            "warehouse": str(tmp_path / "warehouse2")}])
     catalog.update_status("lake", cdc_start=1)  # started by a cdcflow before app ids
     checkpoints = left_checkpoint(tmp_path / "before")
-    start_afresh(setup, tmp_path / "before", catalog)
+    start_afresh(setup.definition, tmp_path / "before", catalog)
     assert (checkpoints / "lake" / "offsets").is_dir()
     assert as_recorded(setup.plan, catalog.status("lake")).app_id == "stream:lake"
 
@@ -103,7 +103,8 @@ def test_row_state_goes_at_a_first_start_but_not_after_backfill_began(tmp_path: 
     state = tmp_path / "state" / "lake"
     TableWriter("stream:lake", "", "").claim(state / "Customers", "Customers")  # gone since
     TableWriter("stream:lake@catalog:other", "", "").claim(state / "Items", "Items")
-    start_afresh(setup, tmp_path, catalog)
+    start_afresh(setup.definition, tmp_path, catalog)
+    prepare_stream(setup.definition, tmp_path, catalog)  # as the runner does next
     assert len(CdcTable.open(setup.tables["Orders"]).to_arrow()) == 0  # made again, empty
     assert sorted(p.name for p in state.iterdir()) == ["Items", "Orders"]
     cut_short = lake(tmp_path / "cut", [{"kind": "event_files", "root": str(tmp_path / "ev")}])
@@ -111,7 +112,7 @@ def test_row_state_goes_at_a_first_start_but_not_after_backfill_began(tmp_path: 
     setup = prepare_stream(cut_short.get("lake").definition, tmp_path / "cut", cut_short)
     CdcTable.open(setup.tables["Orders"]).connection().append(
         [{"Id": 2, "_CHANGE_TYPE": "UPSERT"}])
-    start_afresh(setup, tmp_path / "cut", cut_short)
+    start_afresh(setup.definition, tmp_path / "cut", cut_short)
     assert len(CdcTable.open(setup.tables["Orders"]).to_arrow()) == 1
 
 
