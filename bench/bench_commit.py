@@ -2,20 +2,22 @@
 on, against the stream off and against plain Python `sqlite3` doing the same upserts.
 
 Aims: on/off >= 0.85 and on/raw sqlite3 >= 0.30, all three measured in the same run (each
-mode twice, alternating; the better run counts). With the stream on, a commit writes its
-journal row; the records are rendered when a reader first reads (`cdcflow.store.journal`),
-so the bench also times that reader's settle of the whole run and prints the commits and the
-settling together against the stream off. The raw baseline uses the same file settings
-as cdcflow (WAL, synchronous=NORMAL) and one transaction per 5 upserts.
+mode five times, in turn; each ratio is the median of the attempts' paired ratios). With
+the stream on, a commit writes its journal row; the records are rendered when a reader first
+reads (`cdcflow.store.journal`), so the bench also times that reader's settle of the whole
+run and prints the commits and the settling together against the stream off. The raw
+baseline uses the same file settings as cdcflow (WAL, synchronous=NORMAL) and one
+transaction per 5 upserts.
 `--floor` replays, in plain Python `sqlite3` on a file laid out as cdcflow lays out its own,
-the statements a commit issues (meta, the versions lookup, the version inserts, the journal
-row), with every value made beforehand: what SQLite alone costs, the WAL frames (pages)
-each commit writes, and so the best on/sqlite3 ratio this storage layout allows.
+the statements a commit issues (meta read, and written only when no journal row records the
+commit; the versions lookup, the version inserts, the journal row), with every value made
+beforehand: what SQLite alone costs, the WAL frames (pages) each commit writes, and so the
+best on/sqlite3 ratio this storage layout allows.
 By default every upsert inserts (4,000 transactions of 5 cover the 20,000 keys once); with
 `--updates` the table is filled first (untimed), so every upsert updates a row, which with
 the stream on also records the row's old values.
-Usage: python bench/bench_commit.py [--transactions 4000] [--rows 5] [--updates]
-       [--profile | --floor]
+Usage: python bench/bench_commit.py [--transactions 4000] [--rows 5] [--attempts 5]
+       [--updates] [--profile | --floor]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import cProfile
 import os
 import pstats
 import sqlite3
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +39,7 @@ from cdcflow.store.sqlite import (
     connect,
     create_row_storage,
     initialise,
+    read_meta,
     write_meta,
     write_transaction,
 )
@@ -137,9 +141,10 @@ def replay_floor(folder: Path, parts: tuple[str, ...], transactions: int, rows: 
 def replay_commit(conn: sqlite3.Connection, parts: tuple[str, ...], t: int, rows: int) -> None:
     """The statements of commit `t` that `parts` names, with the values cdcflow would bind."""
     micros = 1_000_000 + t
-    if "meta" in parts:
-        dict(conn.execute("SELECT key, value FROM _meta").fetchall())
-        write_meta(conn, {"last_commit_micros": micros, "txn_counter": t})
+    if "meta" in parts:  # a journaled commit's row holds its time and id: no meta write
+        read_meta(conn)
+        if "journal" not in parts:
+            write_meta(conn, {"last_commit_micros": micros, "txn_counter": t})
     if "versions" in parts:
         keys = [f"[{(t * rows + r) % KEYS}]" for r in range(rows)]
         marks = ",".join("?" * len(keys))
@@ -174,6 +179,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transactions", type=int, default=4000)
     parser.add_argument("--rows", type=int, default=5)
+    parser.add_argument("--attempts", type=int, default=5,
+                        help="runs of each mode, in turn; the medians are printed")
     parser.add_argument("--updates", action="store_true",
                         help="fill the table first, so that every upsert updates a row")
     parser.add_argument("--profile", action="store_true",
@@ -190,33 +197,48 @@ def main() -> None:
             profile.runcall(run_cdcflow, Path(folder), True, args.transactions, args.rows)
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
             return
-        results: dict[str, list[float]] = {"off": [], "on": [], "raw": []}
-        settles: list[float] = []
-        for attempt in range(2):
-            run = Path(folder) / str(attempt)
-            run.mkdir()
-            shape = (args.transactions, args.rows, args.updates)
-            results["raw"].append(run_sqlite(run, *shape))
-            results["off"].append(run_cdcflow(run, False, *shape)[0])
-            rate, settling = run_cdcflow(run, True, *shape)
-            results["on"].append(rate)
-            settles.append(settling)
-    off, on, raw = (max(results[k]) for k in ("off", "on", "raw"))
-    print_results(args.transactions, args.rows, (off, on, raw), min(settles), args.updates)
+        results, settles = run_attempts(Path(folder), args)
+    print_results(args.transactions, args.rows, results, statistics.median(settles),
+                  args.updates)
 
 
-def print_results(transactions: int, rows: int, rates: tuple[float, float, float],
+def run_attempts(folder: Path, args: argparse.Namespace
+                 ) -> tuple[dict[str, list[float]], list[float]]:
+    """Each mode's rate per attempt (the attempt's three runs one after another, the stream
+    off and on in turn first), and each attempt's settling seconds."""
+    results: dict[str, list[float]] = {"off": [], "on": [], "raw": []}
+    settles: list[float] = []
+    shape = (args.transactions, args.rows, args.updates)
+    for attempt in range(args.attempts):
+        run = folder / str(attempt)
+        run.mkdir()
+        results["raw"].append(run_sqlite(run, *shape))
+        for stream_on in (attempt % 2 == 1, attempt % 2 == 0):
+            rate, settling = run_cdcflow(run, stream_on, *shape)
+            results["on" if stream_on else "off"].append(rate)
+            settles.extend([settling] if stream_on else [])
+    return results, settles
+
+
+def print_results(transactions: int, rows: int, results: dict[str, list[float]],
                   settling: float, updates: bool) -> None:
-    off, on, raw = rates
+    """Each mode's median rate; each ratio is the median of the attempts' ratios (an
+    attempt's runs are paired: the machine's speed drifts less within one)."""
+    off, on, raw = (statistics.median(results[k]) for k in ("off", "on", "raw"))
+    paired_on_off = [a / b for a, b in zip(results["on"], results["off"], strict=True)]
+    on_off = statistics.median(paired_on_off)
+    on_raw = statistics.median(a / b for a, b in zip(results["on"], results["raw"], strict=True))
     total_rows = transactions * rows
     with_settling = total_rows / (total_rows / on + settling)
     kind = "each an update of a row" if updates else f"over {KEYS:,} keys, inserts first"
-    print(f"commit path, {transactions} transactions x {rows} upserts ({kind})")
+    print(f"commit path, {transactions} transactions x {rows} upserts ({kind}), "
+          f"medians of {len(results['on'])} attempts")
     print(f"  plain sqlite3 (baseline): {raw:,.0f} rows/s")
     print(f"  change stream off       : {off:,.0f} rows/s")
     print(f"  change stream on        : {on:,.0f} rows/s")
-    print(f"  ratio on/off            : {on / off:.2f} (aim >= 0.85)")
-    print(f"  ratio on/sqlite3        : {on / raw:.2f} (aim >= 0.30)")
+    print(f"  ratio on/off            : {on_off:.2f} (aim >= 0.85; attempts "
+          f"{', '.join(f'{ratio:.2f}' for ratio in paired_on_off)})")
+    print(f"  ratio on/sqlite3        : {on_raw:.2f} (aim >= 0.30)")
     print(f"  a reader then settled the journal (rendered the records) in {settling:.2f} s, "
           f"{settling / transactions * 1e6:.0f} us a commit; commits and settling together: "
           f"{with_settling:,.0f} rows/s, {with_settling / off:.2f} of the stream off")

@@ -44,21 +44,22 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
                                                      for c in changes))
         streams = {s.name for table in {c.schema.name for c in changes}
                    for s in catalog.streams_watching(table)}
-        if streams:
+        if streams:  # the journal row records the commit's timestamp and transaction id
             journal.write_entry(session.conn, micros, transaction_id, changes, after_texts)
             _after_append(session, catalog, streams, micros)
+        else:
+            write_meta(session.conn, {"last_commit_micros": micros,
+                                      "txn_counter": int(transaction_id)})
     return micros
 
 
 def allocate_commit(session: Session, now_micros: int) -> tuple[int, str]:
     """One commit's timestamp and server_transaction_id (CS-7), from the meta that `refresh`
-    read under this write lock, both written back by one statement."""
+    read under this write lock. The caller records them: in its journal row, or in meta."""
     meta = session.meta
     micros = commit_micros_after(meta, now_micros)
     transaction = int(meta["txn_counter"]) + 1
-    allocated = {"last_commit_micros": micros, "txn_counter": transaction}
-    write_meta(session.conn, allocated)
-    meta.update(allocated)
+    meta.update({"last_commit_micros": micros, "txn_counter": transaction})
     return micros, str(transaction)
 
 

@@ -4,7 +4,9 @@ rendered into change records before anyone reads or reshapes the log (CS-1).
 A commit of the embedded database that a change stream watches writes, with its row
 versions, ONE row here: its timestamp, its transaction id and its net row changes (table,
 key, key hash, row before, row after, columns written). That row is the commit's change
-records in their compact form: they exist if and only if the commit does. Building the
+records in their compact form: they exist if and only if the commit does. It is also the
+commit's only record of its timestamp and transaction id until it is settled (the commit
+does not write `_meta`: `cdcflow.store.sqlite.read_meta`). Building the
 records' bodies (per stream, per partition) and appending them to `_log` is "settling" the
 journal, done in a later write transaction, oldest commit first, with exactly the inputs the
 commit had:
@@ -34,7 +36,7 @@ from cdcflow.store.capture import RowChange
 from cdcflow.store.catalog import Catalog
 from cdcflow.store.native_entries import native_entries
 from cdcflow.store.session import Session
-from cdcflow.store.sqlite import read_meta, write_transaction
+from cdcflow.store.sqlite import read_meta, write_meta, write_transaction
 
 SETTLE_BACKLOG = 10_000
 """A writer's policy check settles the journal once it holds more commits than this, so a
@@ -142,6 +144,8 @@ def settle(session: Session, catalog: Catalog, max_changes: int | None = None) -
     cursor.close()
     log.insert_data_records(conn, records)
     if last is not None:
+        kept = read_meta(conn)  # the journal's newest commit, kept in meta before removal
+        write_meta(conn, {key: kept[key] for key in ("last_commit_micros", "txn_counter")})
         conn.execute("DELETE FROM _journal WHERE micros <= ?", (last,))
     return settled
 

@@ -23,13 +23,18 @@ from cdcflow.store import record_types
 
 LOG_DATA: Final = 0
 LOG_CHILD: Final = 1
-FORMAT_VERSION: Final = 4
+FORMAT_VERSION: Final = 5
 """1: the first release; 2: source blocks on records, `_positions`, `_objects` (the tables
 appended sources wrote, with their column types) and `_partitions.expired_upto` (the newest
 commit that retention removed from a partition); 3: `_journal`, native commits' changes not
 yet rendered into records (`cdcflow.store.journal`: a reader of format 2 would miss them);
 4: data records' column types in `_column_types`, named by `_log.types`
-(`cdcflow.store.record_types`: a reader of format 3 would read bodies without them)."""
+(`cdcflow.store.record_types`: a reader of format 3 would read bodies without them);
+5: a commit that writes a journal row leaves `_meta` as it was: the file's last commit and
+transaction id are the newer of `_meta`'s and the journal's newest row's
+(`cdcflow.store.sqlite.read_meta`: a reader of format 4 would allocate them again)."""
+JOURNALED_COMMITS: Final = 5
+"""The first format whose journal rows may be the only record of the last commit."""
 
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS _partitions ("

@@ -144,7 +144,18 @@ def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 def read_meta(conn: sqlite3.Connection) -> dict[str, Any]:
-    return dict(conn.execute("SELECT key, value FROM _meta").fetchall())
+    """The file's meta values. A commit that writes a journal row does not write its
+    timestamp and transaction id here (a page less a commit): the journal's newest row
+    holds them, so the last commit and transaction id are the newer of the two (settling
+    writes them back here before it removes journal rows)."""
+    meta = dict(conn.execute("SELECT key, value FROM _meta").fetchall())
+    if file_format(meta) >= log.JOURNALED_COMMITS:
+        newest = conn.execute(
+            "SELECT micros, txn FROM _journal ORDER BY micros DESC LIMIT 1").fetchone()
+        if newest is not None:
+            meta["last_commit_micros"] = max(int(meta["last_commit_micros"]), int(newest[0]))
+            meta["txn_counter"] = max(int(meta["txn_counter"]), int(newest[1]))
+    return meta
 
 
 def write_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:

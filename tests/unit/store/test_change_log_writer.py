@@ -315,7 +315,7 @@ def test_a_file_of_the_first_release_opens_and_takes_appends(tmp_path: Path):
     assert db.position("pg") is not None
     (version,) = sqlite3.connect(path).execute(
         "SELECT value FROM _meta WHERE key = 'log_format'").fetchone()
-    assert version == 4  # column types stored once (cdcflow.store.record_types)
+    assert version == 5  # the newest format: column types stored once, journaled commits
     # the old records keep their whole bodies; the new one names its column types
     kept = sqlite3.connect(path).execute(
         "SELECT types IS NULL, COUNT(*) FROM _log WHERE kind = 0 GROUP BY 1").fetchall()
