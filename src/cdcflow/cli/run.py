@@ -18,6 +18,7 @@ from cdcflow.cli.streams import DEFAULT_CATALOG
 from cdcflow.errors import CdcflowError
 from cdcflow.streams.catalog import Catalog, StreamRecord
 from cdcflow.streams.cluster import master_of_streams
+from cdcflow.streams.home import claim_home
 from cdcflow.streams.runner import Runner
 
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
@@ -120,14 +121,17 @@ def run(catalog: str, master: str | None, as_json: bool, verbose: bool,
     stop = threading.Event()
     log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
     try:
+        opened = Catalog(catalog)
+        claim_home(Path(catalog).resolve().parent, opened)  # another catalog's folder: now
         chosen = master or master_of_streams(
-            [record.definition for record in Catalog(catalog).records()
+            [record.definition for record in opened.records()
              if isinstance(record, StreamRecord)])
         spark = spark_session(chosen, verbose, log_path)  # before the handlers: Spark sets SIGINT
     except KeyboardInterrupt:  # held until the session was up: its JVM exits with this process
         click.echo("runner stopped while Spark was starting; no stream ran", err=True)
         exit_now(130)
-    except CdcflowError as error:  # a master that can't be reached, before any JVM
+    except CdcflowError as error:  # a master that can't be reached, or another catalog's
+        # folder, before any JVM
         click.echo(f"error: {error}", err=True)
         exit_now(2)
 

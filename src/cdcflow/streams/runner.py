@@ -39,6 +39,7 @@ from cdcflow.streams.backfill import run_backfill
 from cdcflow.streams.catalog import DRIVEN, Catalog, StreamRecord, UnreadableStream
 from cdcflow.streams.cluster import check_master_of, cluster_placement
 from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, is_permanent
+from cdcflow.streams.home import claim_home
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.progress import count_batch
 from cdcflow.streams.rebackfill import Sweeper
@@ -82,6 +83,7 @@ class Runner:
         self.master = str(spark.sparkContext.master) if spark is not None else "local[*]"
         self.master_given = master_given
         self.home = Path(catalog).resolve().parent
+        claim_home(self.home, self.catalog)  # before anything of a stream is kept there
         self.spark = spark
         self.poll_seconds = poll_seconds
         self.max_retries = max_retries

@@ -1,5 +1,6 @@
 """`cdcflow run` with a standalone master that can't be reached fails at once, naming it,
-before any JVM starts (issue 15), instead of Spark's minute of retries and a stack trace."""
+before any JVM starts (issue 15), instead of Spark's minute of retries and a stack trace;
+so does a run of a second catalog in one folder."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.home import claim_home
 from tests.integration.streams.test_runner_interrupt import MARK, marked
 
 pytestmark = pytest.mark.integration
@@ -32,3 +35,16 @@ def test_run_with_an_unreachable_master_fails_naming_it(tmp_path: Path):
     assert "Traceback" not in done.stderr + done.stdout
     assert not marked(mark), "a process of the run outlived it"
     assert not (tmp_path / "logs" / "spark.log").exists(), "a JVM was started"
+
+
+def test_run_of_a_second_catalog_in_one_folder_fails_naming_both(tmp_path: Path):
+    """One catalog per folder (`cdcflow.streams.home`): refused before any JVM starts."""
+    first, second = tmp_path / "first.db", tmp_path / "second.db"
+    claim_home(tmp_path, Catalog(first))
+    done = subprocess.run(
+        [sys.executable, "-m", "cdcflow.cli.main", "run", "--catalog", str(second)],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert str(first.resolve()) in done.stderr and str(second.resolve()) in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not (tmp_path / "logs").exists(), "a JVM was started"
