@@ -1,9 +1,15 @@
 """The project's catalog: stream definitions, states, status and errors in one SQLite file,
 so a restarted runner resumes every RUNNING stream. State changes go through
-`cdcflow.streams.states.transition` inside a write transaction."""
+`cdcflow.streams.states.transition` inside a write transaction.
+
+Each creation of a stream has an id of its own (the status entry `created`), so that a
+runner's work for a stream that was deleted meanwhile, and perhaps created again under its
+name, cannot write into the new stream's status: it writes through `Catalog.scoped`, whose
+every transaction first checks that the stream is still that creation (else StreamGone)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import secrets
 import sqlite3
@@ -40,6 +46,8 @@ class StreamRecord:
     state: StreamState
     changed: float
     retries: int
+    creation: str | None = None
+    """This creation's id (None: a stream created by a cdcflow before creations had one)."""
 
     @property
     def name(self) -> str:
@@ -61,6 +69,20 @@ class UnreadableStream:
 DRIVEN = frozenset({StreamState.STARTING, StreamState.RUNNING, StreamState.DRAINING,
                     StreamState.FAILED})
 """The states in which a runner drives a stream (or retries it)."""
+
+
+CREATED = "created"
+"""The status entry that holds a stream's creation id (not shown in `status`)."""
+
+
+class StreamGone(NotFound):
+    """A scoped catalog's stream was deleted, or deleted and created again."""
+
+
+def _creation(conn: sqlite3.Connection, name: str) -> str | None:
+    row = conn.execute("SELECT value FROM status WHERE stream = ? AND key = ?",
+                       (name, CREATED)).fetchone()
+    return None if row is None else str(json.loads(row[0]))
 
 
 def _known(name: str, state: str) -> StreamState:
@@ -116,6 +138,8 @@ class Catalog:
     def __init__(self, path: str | Path, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = str(path)
         self.clock = clock
+        self.scope: tuple[str, str | None] | None = None
+        """(stream, creation) for a `scoped` catalog."""
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         with self._write() as conn:
             for statement in _SCHEMA:
@@ -127,14 +151,30 @@ class Catalog:
         """Made once, at the catalog's first open, and kept: it tells this catalog's streams
         from another catalog's of the same names (the writers of CDC tables)."""
 
+    def scoped(self, name: str, creation: str | None) -> Catalog:
+        """This catalog as one creation of stream `name` sees it: each of its transactions
+        raises StreamGone, writing nothing, once the stream is deleted or another creation."""
+        view = copy.copy(self)
+        view.scope = (name, creation)
+        return view
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         conn = connect(self.path)
         try:
             with write_transaction(conn):
+                if self.scope is not None:
+                    self._check_scope(conn, *self.scope)
                 yield conn
         finally:
             conn.close()
+
+    @staticmethod
+    def _check_scope(conn: sqlite3.Connection, name: str, creation: str | None) -> None:
+        if conn.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone() is None \
+                or _creation(conn, name) != creation:
+            raise StreamGone(f"stream {name!r} was deleted (and perhaps created again) since "
+                             "this work for it began: it writes nothing more")
 
     def create(self, definition: StreamDefinition) -> None:
         with self._write() as conn:
@@ -143,6 +183,8 @@ class Catalog:
             conn.execute("INSERT INTO streams(name, definition, state, changed) "
                          "VALUES (?, ?, ?, ?)", (definition.name, definition.model_dump_json(),
                                                  StreamState.NOT_STARTED.value, self._now()))
+            conn.execute("INSERT INTO status(stream, key, value) VALUES (?, ?, ?)",
+                         (definition.name, CREATED, json.dumps(secrets.token_hex(8))))
 
     def _row(self, conn: sqlite3.Connection, name: str) -> StreamRecord:
         row = conn.execute("SELECT definition, state, changed, retries FROM streams "
@@ -154,7 +196,7 @@ class Catalog:
         except ValueError as error:
             raise InvalidArgument(f"invalid stream definition: not JSON ({error})") from None
         return StreamRecord(StreamDefinition.parse(stored), _known(name, row[1]), row[2],
-                            row[3])
+                            row[3], _creation(conn, name))
 
     def get(self, name: str) -> StreamRecord:
         with self._write() as conn:
@@ -269,6 +311,9 @@ class Catalog:
         return [{"time": at, "object": obj, "message": message} for at, obj, message in rows]
 
     def update_status(self, name: str, **values: Any) -> None:
+        if CREATED in values:
+            raise InvalidArgument(f"the status entry {CREATED!r} is the stream's creation id, "
+                                  "made when it is created and never written after")
         with self._write() as conn:
             conn.executemany("INSERT OR REPLACE INTO status(stream, key, value) VALUES (?, ?, ?)",
                              [(name, k, json.dumps(v)) for k, v in values.items()])
@@ -280,4 +325,4 @@ class Catalog:
                                 (name,)).fetchall()
         unreadable = {"unreadable": record.error} if isinstance(record, UnreadableStream) else {}
         return {"name": name, "state": str(record.state), "retries": record.retries,
-                **unreadable, **{k: json.loads(v) for k, v in rows}}
+                **unreadable, **{k: json.loads(v) for k, v in rows if k != CREATED}}

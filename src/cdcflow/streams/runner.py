@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +35,15 @@ from cdcflow.store.changelog import open_log
 from cdcflow.store.segments import segment_summary
 from cdcflow.streams.applier import Applier
 from cdcflow.streams.backfill import run_backfill
-from cdcflow.streams.catalog import DRIVEN, Catalog, StreamRecord, UnreadableStream
+from cdcflow.streams.catalog import (
+    DRIVEN,
+    Catalog,
+    StreamGone,
+    StreamRecord,
+    UnreadableStream,
+)
 from cdcflow.streams.cluster import check_master_of, cluster_placement
-from cdcflow.streams.failures import ENVIRONMENT_RETRY_SECONDS, environmental, is_permanent
+from cdcflow.streams.failures import RetryPolicy, record_failure
 from cdcflow.streams.home import claim_home
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.progress import count_batch
@@ -86,9 +91,7 @@ class Runner:
         claim_home(self.home, self.catalog)  # before anything of a stream is kept there
         self.spark = spark
         self.poll_seconds = poll_seconds
-        self.max_retries = max_retries
-        self.backoff_seconds = backoff_seconds
-        self.max_backoff_seconds = max_backoff_seconds
+        self.retries = RetryPolicy(max_retries, backoff_seconds, max_backoff_seconds)
         self.healthy_seconds = healthy_seconds
         self.clock = clock
         self.workers: dict[str, Worker] = {}
@@ -181,7 +184,7 @@ class Runner:
                 self._in_thread(worker, self._drain, record)
             case StreamState.FAILED:
                 self._halt(worker)
-                self._retry_later(record)
+                self.retries.retry_later(self.catalog, record, self._now())
             case _:
                 self._halt(worker)
         if record.state in (StreamState.RUNNING, StreamState.PAUSED):
@@ -202,19 +205,6 @@ class Runner:
         worker.thread = threading.Thread(target=run, daemon=True)
         worker.thread.start()
 
-    def _retry_later(self, record: StreamRecord) -> None:
-        """Retry with a doubling backoff, up to max_retries; a failure the machine caused
-        (a full disk, say) is retried for as long as it lasts (`streams.failures`)."""
-        name = record.definition.name
-        waiting = bool(self.catalog.status(name).get("waiting_for"))
-        if record.retries >= self.max_retries and not waiting:
-            self.catalog.act(name, "give_up")
-            return
-        delay = min(self.backoff_seconds * 2 ** record.retries, self.max_backoff_seconds,
-                    ENVIRONMENT_RETRY_SECONDS if waiting else self.max_backoff_seconds)
-        if self._now() - record.changed >= delay:
-            self.catalog.act(name, "retry")
-
     def _halt(self, worker: Worker) -> None:
         """Stop whatever runs for a stream that should not run."""
         self._stop_query(worker)
@@ -222,19 +212,13 @@ class Runner:
         self.capture.stop(worker.name)
         worker.setup = None
 
-    def _fail(self, name: str, object_name: str, error: BaseException) -> None:
-        cause = environmental(error)
-        self.catalog.record_error(name, object_name, described(error) if cause is None else
-                                  f"{cause} ({described(error, MESSAGE_LIMIT - len(cause) - 3)})")
-        self.catalog.update_status(name, waiting_for=cause)
-        if cause is not None and name in self.workers:
+    def _fail(self, name: str, object_name: str, error: BaseException,
+              catalog: Catalog | None = None) -> None:
+        """Record the failure and fail the stream, through `catalog` (a scoped one: nothing
+        for a stream deleted meanwhile) or else this runner's."""
+        waiting = record_failure(catalog or self.catalog, name, object_name, error)
+        if waiting and name in self.workers:
             self.workers[name].stats["waiting"] = True  # forgiven at its next batch
-        try:
-            self.catalog.act(name, "fail")
-            if is_permanent(error):
-                self.catalog.act(name, "give_up")
-        except Exception:
-            traceback.print_exc()
 
     # ---- starting, running, draining ------------------------------------------------------
 
@@ -244,25 +228,33 @@ class Runner:
         return worker.setup
 
     def _start(self, record: StreamRecord) -> None:
+        """Set the stream up and backfill it, writing only while it is the creation the loop
+        read: one deleted meanwhile (and perhaps created again) stops at its next write."""
         name = record.definition.name
         worker = self.workers[name]
+        catalog = self.catalog.scoped(name, record.creation)
         try:
             worker.setup = None
             check_master_of(record.definition, self.master, self.master_given)
             placement = cluster_placement(record.definition, self.master, self.home)
             if placement is not None:  # before anything is written
                 check_storage_root(self.spark, placement.storage_root)
-            start_afresh(record.definition, self.home, self.catalog)  # before its tables
+            start_afresh(record.definition, self.home, catalog)  # before its tables
             setup = self._setup(record, worker)
             for object_name in setup.keyless:
-                self.catalog.record_error(name, object_name, (
+                catalog.record_error(name, object_name, (
                     f"{object_name} has no primary key: its changes go to event files only, "
                     "not to a CDC table; name its key columns in the source's primary_keys"))
-            if "cdc_start" not in self.catalog.status(name):  # the worker starts after this
-                run_backfill(setup, self.catalog, self.clock)
-            self.catalog.act(name, "started")
+            if "cdc_start" not in catalog.status(name):  # the worker starts after this
+                run_backfill(setup, catalog, self.clock)
+            catalog.act(name, "started")
+        except StreamGone:
+            return
         except Exception as error:
-            self._fail(name, "*", error)
+            try:
+                self._fail(name, "*", error, catalog)
+            except StreamGone:
+                return
 
     def _ensure_capture(self, setup: StreamSetup) -> None:
         if setup.source.has_worker:

@@ -1,0 +1,116 @@
+"""Each creation of a stream has an id of its own (`Catalog.scoped`): a runner's work for a
+stream deleted meanwhile, and perhaps created again under its name, writes nothing into the
+new stream's status, errors or state (EV-9). Before, a start still backfilling a stream that
+was paused, deleted and created again wrote its snapshot and CDC start into the new one's
+status, so that the new stream skipped its own first start and backfill."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdcflow.errors import InvalidArgument
+from cdcflow.streams import runner as runner_module
+from cdcflow.streams.catalog import Catalog, StreamGone
+from cdcflow.streams.runner import Runner, Worker
+from cdcflow.streams.states import StreamState
+from tests.unit.streams.test_start_afresh import lake
+
+pytestmark = pytest.mark.unit
+
+
+def _events(tmp_path: Path) -> list[dict[str, Any]]:
+    return [{"kind": "event_files", "root": str(tmp_path / "events")}]
+
+
+def _create_again(catalog: Catalog) -> None:
+    definition = catalog.get("lake").definition
+    catalog.delete("lake")
+    catalog.create(definition)
+
+
+def test_a_scoped_catalog_writes_nothing_once_its_stream_is_created_again(tmp_path: Path):
+    catalog = lake(tmp_path, _events(tmp_path))
+    first = catalog.get("lake")
+    assert first.creation is not None
+    scoped = catalog.scoped("lake", first.creation)
+    scoped.update_status("lake", snapshot={"at": 1})
+    assert catalog.status("lake")["snapshot"] == {"at": 1}
+    assert "created" not in catalog.status("lake")  # the id is not part of the status
+    _create_again(catalog)
+    second = catalog.get("lake")
+    assert second.creation not in (None, first.creation)
+    with pytest.raises(StreamGone, match="'lake' was deleted"):
+        scoped.update_status("lake", cdc_start=1)
+    with pytest.raises(StreamGone):
+        scoped.record_error("lake", "*", "late")
+    with pytest.raises(StreamGone):
+        scoped.act("lake", "start")
+    with pytest.raises(StreamGone):
+        scoped.status("lake")
+    status = catalog.status("lake")
+    assert "cdc_start" not in status and "snapshot" not in status
+    assert catalog.errors("lake") == [] and catalog.get("lake").state == StreamState.NOT_STARTED
+    catalog.scoped("lake", second.creation).update_status("lake", cdc_start=2)
+    assert catalog.status("lake")["cdc_start"] == 2
+    catalog.delete("lake")
+    with pytest.raises(StreamGone):  # deleted and not created again
+        catalog.scoped("lake", second.creation).update_status("lake", cdc_start=3)
+
+
+def test_a_stream_created_before_creation_ids_is_scoped_by_having_none(tmp_path: Path):
+    catalog = lake(tmp_path, _events(tmp_path))
+    conn = sqlite3.connect(catalog.path)
+    with conn:
+        conn.execute("DELETE FROM status WHERE key = 'created'")
+    conn.close()
+    assert catalog.get("lake").creation is None
+    scoped = catalog.scoped("lake", None)
+    scoped.update_status("lake", snapshot={"at": 1})
+    _create_again(catalog)
+    with pytest.raises(StreamGone):
+        scoped.update_status("lake", cdc_start=1)
+
+
+def test_the_creation_id_is_not_written_through_the_status(tmp_path: Path):
+    catalog = lake(tmp_path, _events(tmp_path))
+    creation = catalog.get("lake").creation
+    with pytest.raises(InvalidArgument, match="'created'"):
+        catalog.update_status("lake", created="mine")
+    assert catalog.get("lake").creation == creation
+
+
+def test_a_start_still_running_for_a_stream_created_again_writes_nothing_into_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The start's backfill is held while the stream is paused, deleted and created again;
+    let go, it stops at its first look at the catalog, and the new stream is untouched."""
+    catalog = lake(tmp_path, _events(tmp_path))
+    catalog.act("lake", "start")
+    record = catalog.get("lake")
+    entered, let_go = threading.Event(), threading.Event()
+    real = runner_module.run_backfill
+
+    def held(*args: Any) -> None:
+        entered.set()
+        assert let_go.wait(60)
+        real(*args)
+
+    monkeypatch.setattr(runner_module, "run_backfill", held)
+    runner = Runner(catalog.path, spark=None)
+    runner.workers["lake"] = Worker("lake")
+    start = threading.Thread(target=runner._start, args=(record,))
+    start.start()
+    assert entered.wait(60)
+    catalog.act("lake", "pause")
+    _create_again(catalog)
+    let_go.set()
+    start.join(60)
+    assert not start.is_alive()
+    status = catalog.status("lake")
+    assert not {"snapshot", "snapshot_time", "cdc_start", "app_id", "waiting_for"} & set(status)
+    assert catalog.get("lake").state == StreamState.NOT_STARTED
+    assert catalog.errors("lake") == []
