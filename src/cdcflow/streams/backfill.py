@@ -19,7 +19,7 @@ from cdcflow.capture.source import SourceObject
 from cdcflow.clock import Clock
 from cdcflow.model.events import backfill_event
 from cdcflow.model.timestamps import format_rfc3339, parse_timestamp, to_micros
-from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.catalog import Catalog, StreamGone
 from cdcflow.streams.setup import StreamSetup
 from cdcflow.table import CdcTable
 
@@ -74,13 +74,17 @@ def run_backfill(setup: StreamSetup, catalog: Catalog, clock: Clock) -> None:
     snapshot = setup.source.snapshot(objects, status.get("snapshot"))
     when = status.get("snapshot_time")  # the first attempt's: chunk names stay the same
     first = snapshot.read_timestamp if when is None else parse_timestamp(when)
-    catalog.update_status(name, snapshot=snapshot.position,
-                          snapshot_time=format_rfc3339(first))
-    if setup.definition.backfill == "all":
-        sink = BackfillSink(setup, catalog, first, status.get("backfill") or {}, clock)
-        catalog.update_status(name, backfill=sink.progress)
-        setup.source.backfill(snapshot, objects, sink, sink.resume())
-        sink.completed()
-    catalog.update_status(name, cdc_start=to_micros(snapshot.cdc_start),
-                          objects=sorted(setup.objects))
+    try:
+        catalog.update_status(name, snapshot=snapshot.position,
+                              snapshot_time=format_rfc3339(first))
+        if setup.definition.backfill == "all":
+            sink = BackfillSink(setup, catalog, first, status.get("backfill") or {}, clock)
+            catalog.update_status(name, backfill=sink.progress)
+            setup.source.backfill(snapshot, objects, sink, sink.resume())
+            sink.completed()
+        catalog.update_status(name, cdc_start=to_micros(snapshot.cdc_start),
+                              objects=sorted(setup.objects))
+    except StreamGone:  # deleted meanwhile: nothing will resume this snapshot
+        setup.source.release(snapshot)
+        raise
     setup.source.release(snapshot)

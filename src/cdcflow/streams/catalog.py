@@ -183,6 +183,8 @@ class Catalog:
             conn.execute("INSERT INTO streams(name, definition, state, changed) "
                          "VALUES (?, ?, ?, ?)", (definition.name, definition.model_dump_json(),
                                                  StreamState.NOT_STARTED.value, self._now()))
+            for table in ("status", "errors"):  # what an earlier one's late writers left
+                conn.execute(f"DELETE FROM {table} WHERE stream = ?", (definition.name,))
             conn.execute("INSERT INTO status(stream, key, value) VALUES (?, ?, ?)",
                          (definition.name, CREATED, json.dumps(secrets.token_hex(8))))
 

@@ -5,70 +5,51 @@ Spark checkpoints and control files (`checkpoints/`), their logs and their row s
 catalog files in one folder would share all of it: a stream's first start in one would
 remove the checkpoint of the other's stream of the same name, and the two would resume each
 other's. So a catalog's first runner claims its folder (`.cdcflow-catalog.json`: the
-catalog's id and file), made whole or not at all, and a runner of another catalog there is
-refused before it touches anything, its message naming both files. A catalog moved or renamed
-within its folder keeps the claim (its id is in its file); a copy beside the original shares
-its id, and is refused as long as the original is there. The claim of a catalog whose file is
-gone is taken over: its streams can start no more.
+catalog's id and file; runners claim one at a time, under a lock), and a runner of another
+catalog there is refused before it starts any stream, its message naming both files. A
+catalog moved or renamed within its folder keeps the claim (its id is in its file); a copy
+beside the original shares its id, and is refused as long as the original is there. The
+claim of a catalog whose file is gone is taken over (its streams can start no more), and so
+is a claim that names a file in another folder: it came with a project folder copied or
+moved whole.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import secrets
 from pathlib import Path
 
-from cdcflow.errors import FailedPrecondition, Unavailable
+from cdcflow.errors import FailedPrecondition
 from cdcflow.streams.catalog import Catalog
-from cdcflow.table.writers import create_once
 
 HOME_FILE = ".cdcflow-catalog.json"
 """In a catalog's folder: {"catalog": its id, "file": its path} of the catalog that keeps
 its streams' checkpoints, logs and state there."""
+LOCK_FILE = ".cdcflow-catalog.lock"
+"""Beside it: runners claim the folder one at a time, holding a lock on this file."""
 
 
 def claim_home(home: Path, catalog: Catalog) -> None:
     """Claim `home` for `catalog`, or raise FailedPrecondition if another catalog (or a copy
-    of this one) keeps its streams there (Unavailable: another runner is taking the claim
-    over at this moment; try again)."""
+    of this one) keeps its streams there. Runners claim one at a time (a lock beside it)."""
     marker = home / HOME_FILE
     mine = {"catalog": catalog.identity, "file": str(Path(catalog.path).resolve())}
     home.mkdir(parents=True, exist_ok=True)
-    held = _held(marker)
-    if held is None:
-        if create_once(marker, json.dumps(mine).encode()):
+    with open(home / LOCK_FILE, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        held = _held(marker)
+        if held == mine:
             return
-        held = _held(marker)  # another runner made it at once
-        if held is None:
-            raise Unavailable(f"the claim '{marker}' was made and removed at once; try again")
-    if held == mine:
-        return
-    if _still_there(held["file"], mine["file"]):
-        raise FailedPrecondition(_refusal(marker, home, held, mine))
-    _take_over(marker, held, mine)  # the earlier catalog's file is gone, or is this file
-
-
-def _take_over(marker: Path, held: dict[str, str], mine: dict[str, str]) -> None:
-    """Put `mine` in place of the claim `held`, compare-and-swap: the claim is moved aside
-    (of runners taking it over at once, one moves it), and a claim the move found that is
-    not `held` is put back and refused."""
-    moved = marker.with_name(f"{HOME_FILE}.{secrets.token_hex(8)}.old")
-    try:
-        os.rename(marker, moved)
-    except FileNotFoundError:
-        raise Unavailable(f"the claim '{marker}' is being taken over by another runner; "
-                          "try again") from None
-    try:
-        found = _held(moved)
-        if found != held:
-            create_once(marker, moved.read_bytes())
-            raise Unavailable(f"the claim '{marker}' changed as this runner took it over; "
-                              "try again")
-        if not create_once(marker, json.dumps(mine).encode()):
-            raise FailedPrecondition(_refusal(marker, marker.parent, _held(marker) or {}, mine))
-    finally:
-        moved.unlink(missing_ok=True)
+        if held is not None and _still_there(held["file"], mine["file"], home):
+            raise FailedPrecondition(_refusal(marker, home, held, mine))
+        aside = marker.with_name(f"{HOME_FILE}.{os.getpid()}.tmp")
+        with open(aside, "wb") as handle:  # none, a gone catalog's, or this one's moved
+            handle.write(json.dumps(mine).encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(aside, marker)
 
 
 def _held(marker: Path) -> dict[str, str] | None:
@@ -89,8 +70,11 @@ def _held(marker: Path) -> dict[str, str] | None:
     return held
 
 
-def _still_there(held_file: str, my_file: str) -> bool:
-    """Whether the catalog file the claim names is there and is not `my_file`."""
+def _still_there(held_file: str, my_file: str, home: Path) -> bool:
+    """Whether the catalog file the claim names is there, in this folder, and is not
+    `my_file` (a claim naming a file elsewhere came with a copied or moved folder)."""
+    if Path(held_file).parent != home.resolve():
+        return False
     try:
         return not os.path.samefile(held_file, my_file)
     except FileNotFoundError:

@@ -68,6 +68,7 @@ class Worker:
     """The live part of one stream in this runner."""
 
     name: str
+    creation: str | None = None
     setup: StreamSetup | None = None
     query: Any = None
     reporting: Any = None  # the query whose progress reports status shows (also in a drain)
@@ -162,7 +163,7 @@ class Runner:
 
     def _supervise(self, record: StreamRecord) -> None:
         name = record.definition.name
-        worker = self.workers.setdefault(name, Worker(name))
+        worker = self.workers.setdefault(name, Worker(name, record.creation))
         if worker.thread is not None:
             if worker.thread.is_alive():
                 return
@@ -174,6 +175,9 @@ class Runner:
             except NotFound:  # deleted since the loop read it
                 self.workers.pop(name, None)
                 return
+        if worker.creation != record.creation:  # deleted and created again: nothing goes on
+            self._halt(worker)
+            worker = self.workers[name] = Worker(name, record.creation)
         match record.state:
             case StreamState.STARTING:
                 self._halt(worker)  # what a pause, or a deletion, left within one turn

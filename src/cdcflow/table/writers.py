@@ -77,7 +77,7 @@ class TableWriter:
         made = False
         claim = json.dumps({"writer": self.writer, "what": self.what, "object": name}).encode()
         if not path.exists():
-            made = create_once(path, claim)
+            made = _create_once(path, claim)
         held = self.check(root, name)
         if held is not None and self.legacy is not None and held["writer"] == self.legacy:
             _take_over(path, self.legacy, claim)  # from now on, only this writer's id
@@ -127,10 +127,9 @@ def _give_back(writer: TableWriter, root: Path, name: str, new_folders: list[Pat
             break
 
 
-def create_once(path: Path, data: bytes) -> bool:
-    """`data` at `path` unless something is there, whole or not at all: True if this call
-    put it there."""
-    aside = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+def _create_once(path: Path, data: bytes) -> bool:
+    """`data` at `path` unless something is there: True if this call put it there."""
+    aside = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.tmp")
     try:
         _write_synced(aside, data)
         try:
@@ -162,7 +161,7 @@ def _take_over(path: Path, legacy: str, claim: bytes) -> None:
             legacy_claim = json.loads(found).get("writer") == legacy
         except (ValueError, AttributeError):
             legacy_claim = False
-        create_once(path, claim if legacy_claim else found)
+        _create_once(path, claim if legacy_claim else found)
     finally:
         moved.unlink(missing_ok=True)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cdcflow import Database, FakeClock
+from cdcflow.errors import FailedPrecondition
 from cdcflow.follow import follow_change_stream
 from cdcflow.model.timestamps import to_micros
 from cdcflow.model.types import COMMIT_TIMESTAMP
@@ -117,6 +118,22 @@ def test_an_append_after_a_journaled_commit_takes_the_next_time_and_id(tmp_path:
     db.close()
 
 
+def test_two_handles_on_one_file_take_turns_with_a_still_clock(tmp_path: Path):
+    """Each handle's commit follows the other's journaled one: the next time and id."""
+    path = tmp_path / "j.db"
+    clock = FakeClock()
+    first, second = _open(path, clock), Database.open(path, clock=clock)
+    times = [_commit(db, "T" if n % 3 else "U", n) for n, db in
+             enumerate([first, second] * 6)]
+    assert times == list(range(times[0], times[0] + 12))
+    records = follow_change_stream(first, "S", first.earliest_readable("S"),
+                                   first.current_timestamp()).records
+    ids = [int(r.server_transaction_id) for r in records]
+    assert len(ids) == 8 and ids == sorted(set(ids))
+    first.close()
+    second.close()
+
+
 def _commit_in_a_process(path: str, first_key: int) -> None:
     db = Database.open(path)
     for n in range(COMMITS_PER_PROCESS):
@@ -146,4 +163,19 @@ def test_two_processes_committing_at_once_get_distinct_times_and_ids(tmp_path: P
     assert len({txn for _, txn in journaled}) == COMMITS_PER_PROCESS
     in_time_order = [txn for _, txn in sorted(journaled)]
     assert in_time_order == sorted(in_time_order)  # ids rise with time (CS-7)
+    db.close()
+
+
+def test_a_file_a_newer_cdcflow_upgraded_under_an_open_handle_is_refused(tmp_path: Path):
+    """The format is checked in every write transaction, not only at open: nothing is
+    written into a file whose format this cdcflow does not know."""
+    path = tmp_path / "j.db"
+    db = _open(path, FakeClock())
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE _meta SET value = 99 WHERE key = 'log_format'")
+    conn.close()
+    with pytest.raises(FailedPrecondition, match="log format 99, newer"):
+        _commit(db, "T", 1)
+    assert _journal(path) == []
     db.close()

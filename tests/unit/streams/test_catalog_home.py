@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cdcflow.errors import FailedPrecondition, Unavailable
+from cdcflow.errors import FailedPrecondition
 from cdcflow.streams.catalog import Catalog
 from cdcflow.streams.home import HOME_FILE, claim_home
 from cdcflow.streams.runner import Runner
@@ -70,6 +70,19 @@ def test_the_claim_of_a_catalog_whose_file_is_gone_is_taken_over(tmp_path: Path)
         _claim(gone)  # made again, it is another catalog (another id) now
 
 
+def test_a_project_folder_copied_whole_is_claimed_by_its_copy(tmp_path: Path):
+    """The copy's claim names the original's file, in another folder: taken over."""
+    original = tmp_path / "project"
+    _claim(original / "catalog.db")
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    _claim(copy / "catalog.db")
+    assert _held(copy)["file"] == str((copy / "catalog.db").resolve())
+    _claim(original / "catalog.db")  # the original keeps its own
+    with pytest.raises(FailedPrecondition):
+        _claim(copy / "other.db")
+
+
 def test_a_damaged_claim_is_refused_naming_it(tmp_path: Path):
     (tmp_path / HOME_FILE).write_text("{not json")
     with pytest.raises(FailedPrecondition, match=HOME_FILE) as refused:
@@ -84,7 +97,7 @@ def _claim_in_a_process(path: str, ready: Any, outcomes: Any) -> None:
     try:
         claim_home(Path(path).resolve().parent, catalog)
         outcomes.put("claimed")
-    except (FailedPrecondition, Unavailable):
+    except FailedPrecondition:
         outcomes.put("refused")
 
 
@@ -111,3 +124,8 @@ def test_of_six_catalogs_claiming_one_folder_at_once_one_wins(tmp_path: Path,
     winner = _held(tmp_path)["file"]
     assert winner in {str(p.resolve()) for p in paths}
     assert list(tmp_path.glob(f"*{HOME_FILE}.*")) == []  # nothing left aside
+    for path in paths:  # every other catalog is refused afterwards; the winner is not
+        if str(path.resolve()) != winner:
+            with pytest.raises(FailedPrecondition):
+                _claim(path)
+    _claim(Path(winner))

@@ -114,3 +114,29 @@ def test_a_start_still_running_for_a_stream_created_again_writes_nothing_into_it
     assert not {"snapshot", "snapshot_time", "cdc_start", "app_id", "waiting_for"} & set(status)
     assert catalog.get("lake").state == StreamState.NOT_STARTED
     assert catalog.errors("lake") == []
+
+
+def test_a_stream_created_again_starts_without_what_late_writers_left(tmp_path: Path):
+    """Status and errors written for the name after the deletion (by work that was not
+    scoped: a last progress report, say) are not the new stream's."""
+    catalog = lake(tmp_path, _events(tmp_path))
+    definition = catalog.get("lake").definition
+    catalog.delete("lake")
+    catalog.update_status("lake", batches=7, rows_processed=99)
+    catalog.record_error("lake", "*", "the earlier stream's")
+    catalog.create(definition)
+    status = catalog.status("lake")
+    assert "batches" not in status and "rows_processed" not in status
+    assert catalog.errors("lake") == []
+
+
+def test_the_runner_keeps_nothing_of_an_earlier_creation(tmp_path: Path):
+    catalog = lake(tmp_path, _events(tmp_path))
+    earlier = catalog.get("lake").creation
+    runner = Runner(catalog.path, spark=None)
+    runner.workers["lake"] = Worker("lake", earlier, stats={"batches": 7})
+    _create_again(catalog)
+    runner.step()
+    worker = runner.workers["lake"]
+    assert worker.creation == catalog.get("lake").creation != earlier
+    assert worker.stats == {}
