@@ -44,6 +44,7 @@ class BackfillSink:
 
     def __call__(self, item: SourceObject, rows: list[dict[str, Any]], after: Any) -> None:
         name, setup = item.name, self.setup
+        self.catalog.check_scope()  # a stream deleted meanwhile writes no more chunks
         chunk = int(self.progress[name].get("chunks", 0))
         if name in setup.tables:
             table = CdcTable.open(setup.tables[name], clock=self.clock)

@@ -76,7 +76,8 @@ CREATED = "created"
 
 
 class StreamGone(NotFound):
-    """A scoped catalog's stream was deleted, or deleted and created again."""
+    """A scoped catalog's stream was deleted, or deleted and created again. A NotFound, so
+    that the code that catches it says so (`except NotFound` catches it too)."""
 
 
 def _creation(conn: sqlite3.Connection, name: str) -> str | None:
@@ -157,6 +158,12 @@ class Catalog:
         view = copy.copy(self)
         view.scope = (name, creation)
         return view
+
+    def check_scope(self) -> None:
+        """StreamGone if this is a scoped catalog whose stream is gone (else nothing)."""
+        if self.scope is not None:
+            with self._write():
+                pass
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

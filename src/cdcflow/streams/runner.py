@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,7 @@ class Runner:
         claim_home(self.home, self.catalog)  # before anything of a stream is kept there
         self.spark = spark
         self.poll_seconds = poll_seconds
-        self.retries = RetryPolicy(max_retries, backoff_seconds, max_backoff_seconds)
+        self.retry_policy = RetryPolicy(max_retries, backoff_seconds, max_backoff_seconds)
         self.healthy_seconds = healthy_seconds
         self.clock = clock
         self.workers: dict[str, Worker] = {}
@@ -188,7 +189,7 @@ class Runner:
                 self._in_thread(worker, self._drain, record)
             case StreamState.FAILED:
                 self._halt(worker)
-                self.retries.retry_later(self.catalog, record, self._now())
+                self.retry_policy.retry_later(self.catalog, record, self._now())
             case _:
                 self._halt(worker)
         if record.state in (StreamState.RUNNING, StreamState.PAUSED):
@@ -263,8 +264,9 @@ class Runner:
     def _ensure_capture(self, setup: StreamSetup) -> None:
         if setup.source.has_worker:
             definition = setup.definition
+            creation = self.workers[definition.name].creation
             self.capture.ensure(definition.name, run_capture,
-                                (definition.model_dump_json(), self.catalog.path))
+                                (definition.model_dump_json(), self.catalog.path, creation))
 
     def _keep_running(self, record: StreamRecord, worker: Worker) -> None:
         setup = self._setup(record, worker)
@@ -340,14 +342,16 @@ class Runner:
             extra["capture"] = self._capture_status(setup)
         if worker.stats.get("segment_root"):
             extra["segments"] = segment_summary(worker.stats["segment_root"])
-        self.catalog.update_status(
-            name, partitions=active, **counted, **extra,
-            batch_timing=batch_timing(worker.reporting, result) | {
-                "report_ms": stats.get("report_ms")})
-        stats["report_ms"] = round((time.monotonic() - began) * 1000, 1)  # shown next batch
-        if stats.pop("waiting", False):  # it writes again: the machine's refusal is over
-            self.catalog.healthy(name)
-            self.catalog.update_status(name, waiting_for=None)
+        catalog = self.catalog.scoped(name, worker.creation)  # a query a deletion left
+        with suppress(StreamGone):
+            catalog.update_status(
+                name, partitions=active, **counted, **extra,
+                batch_timing=batch_timing(worker.reporting, result) | {
+                    "report_ms": stats.get("report_ms")})
+            stats["report_ms"] = round((time.monotonic() - began) * 1000, 1)  # next batch's
+            if stats.pop("waiting", False):  # it writes again: the machine's refusal is over
+                catalog.healthy(name)
+                catalog.update_status(name, waiting_for=None)
 
     def _stop_query(self, worker: Worker) -> None:
         """Stop the stream's query between batches, never inside one (see

@@ -43,12 +43,16 @@ CAPTURE_FAILED = "capture_failed"
 """The status entry where a capture worker leaves an error no restart can mend."""
 
 
-def run_capture(definition_json: str, catalog_path: str) -> None:
+def run_capture(definition_json: str, catalog_path: str, creation: str | None = None) -> None:
     """The body of a capture worker process: capture until SIGTERM. Problems the source
-    reports (a TRUNCATE, say) go to the stream's errors in the catalog."""
+    reports (a TRUNCATE, say) go to the stream's errors in the catalog; with `creation`,
+    only while the stream is that creation (a worker of a stream deleted meanwhile ends at
+    its next write, with StreamGone)."""
     definition = StreamDefinition.parse(json.loads(definition_json))
-    catalog = Catalog(catalog_path)
     name = definition.name
+    catalog = Catalog(catalog_path)
+    if creation is not None:
+        catalog = catalog.scoped(name, creation)
     hooks = WorkerHooks(
         report=lambda object_name, message: catalog.record_error(name, object_name, message),
         requests=lambda: _backfill_request(catalog, name),

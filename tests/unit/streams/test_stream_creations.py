@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from cdcflow import FakeClock
 from cdcflow.errors import InvalidArgument
 from cdcflow.streams import runner as runner_module
+from cdcflow.streams.backfill import BackfillSink
 from cdcflow.streams.catalog import Catalog, StreamGone
 from cdcflow.streams.runner import Runner, Worker
+from cdcflow.streams.setup import prepare_stream
 from cdcflow.streams.states import StreamState
 from tests.unit.streams.test_start_afresh import lake
 
@@ -140,3 +145,48 @@ def test_the_runner_keeps_nothing_of_an_earlier_creation(tmp_path: Path):
     worker = runner.workers["lake"]
     assert worker.creation == catalog.get("lake").creation != earlier
     assert worker.stats == {}
+
+
+def test_a_progress_report_of_an_earlier_creation_s_query_writes_nothing(tmp_path: Path):
+    """A query that a pause, deletion and creation within one turn left running reports
+    through the creation it was started for."""
+    catalog = lake(tmp_path, _events(tmp_path))
+    runner = Runner(catalog.path, spark=None)
+    worker = Worker("lake", catalog.get("lake").creation)
+    result = {"rows": 3, "seconds": 0.1, "last_micros": None}
+    report = (str(tmp_path / "shop.db"), "S", result, worker)
+    runner._record_progress("lake", *report)
+    assert catalog.status("lake")["batches"] == 1
+    _create_again(catalog)
+    runner._record_progress("lake", *report)
+    assert "batches" not in catalog.status("lake")
+
+
+def test_a_capture_worker_starts_scoped_to_the_creation_the_runner_drives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    catalog = lake(tmp_path, _events(tmp_path))
+    record = catalog.get("lake")
+    runner = Runner(catalog.path, spark=None)
+    runner.workers["lake"] = Worker("lake", record.creation)
+    started: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(runner.capture, "ensure",
+                        lambda name, target, args: started.append(args))
+    runner._ensure_capture(SimpleNamespace(definition=record.definition,  # type: ignore[arg-type]
+                                           source=SimpleNamespace(has_worker=True)))
+    assert started == [(record.definition.model_dump_json(), catalog.path, record.creation)]
+
+
+def test_a_backfill_chunk_of_a_stream_deleted_meanwhile_is_not_written(tmp_path: Path):
+    catalog = lake(tmp_path, _events(tmp_path))
+    record = catalog.get("lake")
+    setup = prepare_stream(record.definition, tmp_path, catalog)
+    scoped = catalog.scoped("lake", record.creation)
+    sink = BackfillSink(setup, scoped, datetime(2026, 1, 1, tzinfo=UTC), {}, FakeClock())
+    (item,) = setup.objects.values()
+    sink(item, [{"Id": 1}], None)
+    written = sorted(p.name for p in (tmp_path / "events").rglob("*") if p.is_file())
+    assert written and catalog.status("lake")["backfill"]["Orders"]["chunks"] == 1
+    _create_again(catalog)
+    with pytest.raises(StreamGone):
+        sink(item, [{"Id": 2}], None)
+    assert sorted(p.name for p in (tmp_path / "events").rglob("*") if p.is_file()) == written
