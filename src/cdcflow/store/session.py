@@ -9,7 +9,7 @@ from typing import Any
 from cdcflow.store import partition_map
 from cdcflow.store.capture import PartitionRanges
 from cdcflow.store.catalog import Catalog, load_catalog
-from cdcflow.store.sqlite import check_format, connect, read_meta
+from cdcflow.store.sqlite import connect, read_meta
 
 
 @dataclass(slots=True)
@@ -40,7 +40,6 @@ class Session:
     def refresh(self) -> Catalog:
         """Reload the catalog and partition ranges if their versions moved. Call inside a txn."""
         meta = read_meta(self.conn)
-        check_format(meta)  # a newer cdcflow may have upgraded the file since it was opened
         self.meta = meta
         schema_version = int(meta["schema_version"])
         if schema_version != self.catalog.version:

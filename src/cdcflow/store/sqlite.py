@@ -149,6 +149,7 @@ def read_meta(conn: sqlite3.Connection) -> dict[str, Any]:
     holds them, so the last commit and transaction id are the newer of the two (settling
     writes them back here before it removes journal rows)."""
     meta = dict(conn.execute("SELECT key, value FROM _meta").fetchall())
+    check_format(meta)  # a newer cdcflow may have upgraded the file since it was opened
     if file_format(meta) >= log.JOURNALED_COMMITS:
         newest = conn.execute(
             "SELECT micros, txn FROM _journal ORDER BY micros DESC LIMIT 1").fetchone()

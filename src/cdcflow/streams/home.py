@@ -36,20 +36,35 @@ def claim_home(home: Path, catalog: Catalog) -> None:
     of this one) keeps its streams there. Runners claim one at a time (a lock beside it)."""
     marker = home / HOME_FILE
     mine = {"catalog": catalog.identity, "file": str(Path(catalog.path).resolve())}
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / LOCK_FILE, "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        held = _held(marker)
-        if held == mine:
-            return
-        if held is not None and _still_there(held["file"], mine["file"], home):
-            raise FailedPrecondition(_refusal(marker, home, held, mine))
-        aside = marker.with_name(f"{HOME_FILE}.{os.getpid()}.tmp")
-        with open(aside, "wb") as handle:  # none, a gone catalog's, or this one's moved
-            handle.write(json.dumps(mine).encode())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(aside, marker)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        with open(home / LOCK_FILE, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            held = _held(marker)
+            if held == mine:
+                return
+            if held is not None and _still_there(held["file"], mine["file"], home):
+                raise FailedPrecondition(_refusal(marker, home, held, mine))
+            _write(marker, json.dumps(mine).encode())  # none, a gone one's, or this one's
+    except OSError as error:
+        raise FailedPrecondition(
+            f"cannot claim the folder '{home}' for the catalog '{mine['file']}' ({error}): "
+            f"a runner writes '{marker}' there, under a lock on '{home / LOCK_FILE}'; the "
+            "folder must be writable and its file system must support file locks") from None
+
+
+def _write(marker: Path, data: bytes) -> None:
+    aside = marker.with_name(f"{HOME_FILE}.tmp")
+    with open(aside, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(aside, marker)
+    folder = os.open(marker.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def _held(marker: Path) -> dict[str, str] | None:
@@ -71,12 +86,16 @@ def _held(marker: Path) -> dict[str, str] | None:
 
 
 def _still_there(held_file: str, my_file: str, home: Path) -> bool:
-    """Whether the catalog file the claim names is there, in this folder, and is not
-    `my_file` (a claim naming a file elsewhere came with a copied or moved folder)."""
-    if Path(held_file).parent != home.resolve():
-        return False
+    """Whether the catalog the claim names is there and is not `my_file`. A claim naming a
+    file in another folder came with a copied or moved folder: its catalog here is the file
+    of that name in this folder."""
     try:
-        return not os.path.samefile(held_file, my_file)
+        here = os.path.samefile(Path(held_file).parent, home)
+    except FileNotFoundError:
+        here = False
+    try:
+        return not os.path.samefile(held_file if here else home / Path(held_file).name,
+                                    my_file)
     except FileNotFoundError:
         return False
 

@@ -133,7 +133,8 @@ class Runner:
         self._turned.set()
 
     def step(self) -> None:
-        for record in self.catalog.records():
+        records = self.catalog.records()
+        for record in records:
             if isinstance(record, UnreadableStream):  # stops itself, not the others
                 if (worker := self.workers.pop(record.name, None)) is not None:
                     self._halt(worker)  # a newer cdcflow changed it under this runner
@@ -144,6 +145,15 @@ class Runner:
                 self._supervise(record)
             except Exception as error:  # a stream's failure must not stop the others
                 self._fail(record.definition.name, "*", error)
+        self._halt_gone({record.name for record in records})
+
+    def _halt_gone(self, names: set[str]) -> None:
+        """Stop what runs for streams deleted since (a pause and a deletion within a turn),
+        once their threads have ended."""
+        for name in [n for n in self.workers if n not in names]:
+            worker = self.workers[name]
+            if worker.thread is None or not worker.thread.is_alive():
+                self._halt(self.workers.pop(name))
 
     def shutdown(self) -> None:
         self.applier.stop()
@@ -254,6 +264,7 @@ class Runner:
                 run_backfill(setup, catalog, self.clock)
             catalog.act(name, "started")
         except StreamGone:
+            worker.setup = None  # the next creation prepares its own
             return
         except Exception as error:
             try:
@@ -261,17 +272,18 @@ class Runner:
             except StreamGone:
                 return
 
-    def _ensure_capture(self, setup: StreamSetup) -> None:
+    def _ensure_capture(self, setup: StreamSetup, creation: str | None) -> None:
+        """The stream's capture worker, scoped to `creation` (the one this runner drives)."""
         if setup.source.has_worker:
             definition = setup.definition
-            creation = self.workers[definition.name].creation
             self.capture.ensure(definition.name, run_capture,
-                                (definition.model_dump_json(), self.catalog.path, creation))
+                                (definition.model_dump_json(), self.catalog.path, creation,
+                                 True))
 
     def _keep_running(self, record: StreamRecord, worker: Worker) -> None:
         setup = self._setup(record, worker)
         self._check_capture_failed(worker.name)
-        self._ensure_capture(setup)
+        self._ensure_capture(setup, worker.creation)
         self.applier.watch(worker.name, setup.tables, setup.apply_seconds)
         if worker.query is None or not worker.query.isActive:
             if worker.query is not None:
@@ -372,7 +384,7 @@ class Runner:
         worker = self.workers[name]
         try:
             setup = self._setup(record, worker)
-            self._catch_up_capture(setup)
+            self._catch_up_capture(setup, worker.creation)
             self.sweeper.sweep_due(setup, None)  # notes a backfill done before the target
             log_path, _ = setup.source.log_location()
             target = to_micros(open_log(log_path).current_timestamp())
@@ -391,7 +403,8 @@ class Runner:
         except Exception as error:
             self._fail(name, "*", error)
 
-    def _catch_up_capture(self, setup: StreamSetup, seconds: float = 600.0) -> None:
+    def _catch_up_capture(self, setup: StreamSetup, creation: str | None,
+                          seconds: float = 600.0) -> None:
         """A drain first lets the capture worker append everything the source committed
         before the drain began, then stops it."""
         if not setup.source.has_worker:
@@ -403,7 +416,7 @@ class Runner:
             if self._now() > deadline:
                 raise FailedPrecondition(f"the capture worker did not reach the drain's mark "
                                          f"{mark} within {seconds:.0f} s")
-            self._ensure_capture(setup)
+            self._ensure_capture(setup, creation)
             time.sleep(0.1)
         self.capture.stop(setup.definition.name)
 

@@ -26,7 +26,7 @@ from cdcflow.clock import Clock
 from cdcflow.errors import NotFound, PositionLost
 from cdcflow.model.timestamps import format_rfc3339, parse_timestamp, to_micros
 from cdcflow.store.changelog import ChangeLog
-from cdcflow.streams.catalog import Catalog
+from cdcflow.streams.catalog import Catalog, StreamGone
 from cdcflow.streams.definition import StreamDefinition
 from cdcflow.streams.sources import open_source
 
@@ -43,15 +43,16 @@ CAPTURE_FAILED = "capture_failed"
 """The status entry where a capture worker leaves an error no restart can mend."""
 
 
-def run_capture(definition_json: str, catalog_path: str, creation: str | None = None) -> None:
+def run_capture(definition_json: str, catalog_path: str, creation: str | None = None,
+                scoped: bool = False) -> None:
     """The body of a capture worker process: capture until SIGTERM. Problems the source
-    reports (a TRUNCATE, say) go to the stream's errors in the catalog; with `creation`,
-    only while the stream is that creation (a worker of a stream deleted meanwhile ends at
-    its next write, with StreamGone)."""
+    reports (a TRUNCATE, say) go to the stream's errors in the catalog; when `scoped`, only
+    while the stream is `creation` (None: one made before creations had ids): a worker of a
+    stream deleted meanwhile ends at its next look at the catalog."""
     definition = StreamDefinition.parse(json.loads(definition_json))
     name = definition.name
     catalog = Catalog(catalog_path)
-    if creation is not None:
+    if scoped:
         catalog = catalog.scoped(name, creation)
     hooks = WorkerHooks(
         report=lambda object_name, message: catalog.record_error(name, object_name, message),
@@ -68,6 +69,8 @@ def run_capture(definition_json: str, catalog_path: str, creation: str | None = 
     threading.Thread(target=_stop_when_orphaned, args=(stop,), daemon=True).start()
     try:
         source.capture(log, stop)
+    except StreamGone:
+        return  # deleted (and perhaps created again): the runner starts the new one's worker
     except PositionLost as error:  # no restart mends it: the runner fails the stream
         catalog.update_status(name, **{CAPTURE_FAILED: f"{type(error).__name__}: {error}"})
     finally:
@@ -109,6 +112,8 @@ def _backfill_request(catalog: Catalog, name: str) -> dict[str, Any] | None:
     while its worker stops, or a worker run outside `cdcflow run`)."""
     try:
         status = catalog.status(name)
+    except StreamGone:
+        raise  # this worker's stream is gone: it ends
     except NotFound:
         return None
     request: dict[str, Any] | None = status.get(BACKFILL_REQUEST)

@@ -15,7 +15,7 @@ import pytest
 
 from cdcflow.errors import FailedPrecondition
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.home import HOME_FILE, claim_home
+from cdcflow.streams.home import HOME_FILE, LOCK_FILE, claim_home
 from cdcflow.streams.runner import Runner
 
 pytestmark = pytest.mark.unit
@@ -129,3 +129,23 @@ def test_of_six_catalogs_claiming_one_folder_at_once_one_wins(tmp_path: Path,
             with pytest.raises(FailedPrecondition):
                 _claim(path)
     _claim(Path(winner))
+
+
+def test_a_copied_folder_is_kept_for_the_copy_of_the_catalog_that_claimed_it(tmp_path: Path):
+    """Another catalog in the copy is refused while the copied catalog is there: the copied
+    checkpoints and state are that catalog's."""
+    original = tmp_path / "project"
+    _claim(original / "catalog.db")
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    with pytest.raises(FailedPrecondition, match="a folder of its own"):
+        _claim(copy / "other.db")
+    _claim(copy / "catalog.db")
+
+
+def test_a_folder_that_cannot_be_claimed_is_a_typed_error(tmp_path: Path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / LOCK_FILE).mkdir()  # the lock cannot be opened as a file
+    with pytest.raises(FailedPrecondition, match="must be writable"):
+        _claim(home / "catalog.db")

@@ -171,9 +171,10 @@ def test_a_capture_worker_starts_scoped_to_the_creation_the_runner_drives(
     started: list[tuple[Any, ...]] = []
     monkeypatch.setattr(runner.capture, "ensure",
                         lambda name, target, args: started.append(args))
-    runner._ensure_capture(SimpleNamespace(definition=record.definition,  # type: ignore[arg-type]
-                                           source=SimpleNamespace(has_worker=True)))
-    assert started == [(record.definition.model_dump_json(), catalog.path, record.creation)]
+    setup = SimpleNamespace(definition=record.definition, source=SimpleNamespace(has_worker=True))
+    runner._ensure_capture(setup, record.creation)  # type: ignore[arg-type]
+    assert started == [(record.definition.model_dump_json(), catalog.path, record.creation,
+                        True)]
 
 
 def test_a_backfill_chunk_of_a_stream_deleted_meanwhile_is_not_written(tmp_path: Path):

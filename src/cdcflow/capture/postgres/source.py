@@ -188,8 +188,8 @@ class PostgresSource:
                     if rows:
                         sink(item, [_python(row, item) for row in rows], after)
                     after = after if full else "done"
-        except Exception as error:
-            raise typed(error, "reading the snapshot") from None
+        except psycopg2.Error as error:  # the sink's own errors (a destination's) go on as
+            raise typed(error, "reading the snapshot") from None  # they are
         finally:
             conn.rollback()
             conn.close()
