@@ -205,3 +205,29 @@ def test_rolled_back_work_is_not_captured_but_myisam_statements_are(maria: Local
     captured = [(m["position"]["log_position"], m["keys"]["id"]) for m in mods_in(log)]
     assert [int(key) for _, key in captured] == [1, 2, 2], captured
     assert len({at for at, _ in captured}) == 3  # three groups: two statements, one commit
+
+
+def test_threads_sharing_a_source_take_turns_on_its_connection(maria: LocalMariaDB,
+                                                               tmp_path: Path):
+    """A runner's threads share a stream's source (the loop's status, a drain's mark, a
+    capture's checks): its one connection is used by one at a time. Sharing it at once
+    failed with pymysql's "Packet sequence number wrong"."""
+    source = source_of(maria, tmp_path)
+    errors: list[BaseException] = []
+
+    def use() -> None:
+        try:
+            for _ in range(100):
+                source.mark()
+                source.status()
+                source.binary_logs()
+        except Exception as error:
+            errors.append(error)
+
+    users = [threading.Thread(target=use) for _ in range(4)]
+    for user in users:
+        user.start()
+    for user in users:
+        user.join(120)
+    assert errors == []
+    source.close()

@@ -72,16 +72,24 @@ class MySqlSource:
         self._sql: Any = None
         self._snapshot: Any = None  # the connection holding the snapshot's transaction
         self._variables: dict[str, str] | None = None
+        self._lock = threading.RLock()
 
     def _conn(self) -> Any:
+        """The source's own connection: use it under `_lock` (a runner's threads share a
+        source, and a pymysql connection is not safe to share between threads)."""
         if self._sql is None or not self._sql.open:
             self._sql = connect(self.config.endpoint)
         return self._sql
 
+    def _query(self, statement: str, doing: str) -> list[Any]:
+        with self._lock:
+            return query(self._conn(), statement, (), doing)
+
     def check(self) -> dict[str, str]:
         """The server's variables, once its settings and the user's privileges are checked."""
         if self._variables is None:
-            self._variables = check_server(self._conn(), self.config.endpoint.describe())
+            with self._lock:
+                self._variables = check_server(self._conn(), self.config.endpoint.describe())
         return self._variables
 
     @property
@@ -89,7 +97,8 @@ class MySqlSource:
         return "mariadb" in self.check().get("version", "").lower()
 
     def _tables(self) -> list[MySqlTable]:
-        return read_tables(self._conn(), self.config.databases)
+        with self._lock:
+            return read_tables(self._conn(), self.config.databases)
 
     def discover(self) -> list[SourceObject]:
         return [t.source_object() for t in self._tables()]
@@ -159,8 +168,8 @@ class MySqlSource:
             BinlogCapture(settings, log).run(stop)
 
     def binary_logs(self) -> list[str]:
-        return [str(row[0]) for row in query(self._conn(), "SHOW BINARY LOGS", (),
-                                             "listing the binary logs")]
+        return [str(row[0]) for row in self._query("SHOW BINARY LOGS",
+                                                   "listing the binary logs")]
 
     def ensure_readable(self, log: ChangeLog) -> None:
         """PositionLost if the binlog file of the stored position is no longer on the server
@@ -173,8 +182,7 @@ class MySqlSource:
         where = stored.position
         gone = where["log_file"] not in self.binary_logs()
         if not gone and not self.mariadb and where.get("gtid"):
-            ((purged,),) = query(self._conn(), "SELECT @@GLOBAL.gtid_purged", (),
-                                 "reading gtid_purged")
+            ((purged,),) = self._query("SELECT @@GLOBAL.gtid_purged", "reading gtid_purged")
             gone = not MySqlGtidSet.parse(str(where["gtid"])).contains(
                 MySqlGtidSet.parse(str(purged or "")))
         if gone:
@@ -204,7 +212,7 @@ class MySqlSource:
 
     def mark(self) -> dict[str, Any]:
         """The server's binlog position now (see `reached`)."""
-        row = query(self._conn(), "SHOW MASTER STATUS", (), "reading the binlog position")[0]
+        row = self._query("SHOW MASTER STATUS", "reading the binlog position")[0]
         return {"log_file": str(row[0]), "log_position": int(row[1])}
 
     def reached(self, log: ChangeLog, mark: dict[str, Any]) -> bool:
@@ -214,7 +222,7 @@ class MySqlSource:
             mark["log_file"], mark["log_position"])
 
     def status(self) -> dict[str, Any]:
-        logs = query(self._conn(), "SHOW BINARY LOGS", (), "listing the binary logs")
+        logs = self._query("SHOW BINARY LOGS", "listing the binary logs")
         return {"binary_logs": len(logs), "binlog_bytes": sum(int(r[1]) for r in logs),
                 "warn_above": 1 << 62}
 
