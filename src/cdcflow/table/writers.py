@@ -10,7 +10,9 @@ filesystem that folds case it catches a second spelling of a name whose table it
 A claim is made whole or not at all: written aside, synced, then linked to its name, which
 fails if the name exists, so that of writers claiming at once exactly one wins. Where the
 filesystem has no hard links, an exclusive create and one write take the link's place; a
-reader that finds that file still empty is told to try again (Unavailable). `claim_tables`
+reader that finds that file still empty is told to try again (Unavailable). Claims are made
+under a lock on the claim's folder, so that a claim an earlier cdcflow made by a stream's name
+alone is taken over (replaced by its catalog-qualified id) by one writer. `claim_tables`
 claims a caller's tables in name order before any is created, and gives back the claims it
 made if one is refused, so two streams starting at once cannot each take part of the other's.
 Two objects whose folders are one folder (on a filesystem that folds case) meet the first
@@ -19,9 +21,12 @@ one's claim, so the second is refused before either table is made.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,12 +81,13 @@ class TableWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         made = False
         claim = json.dumps({"writer": self.writer, "what": self.what, "object": name}).encode()
-        if not path.exists():
-            made = _create_once(path, claim)
-        held = self.check(root, name)
-        if held is not None and self.legacy is not None and held["writer"] == self.legacy:
-            _take_over(path, self.legacy, claim)  # from now on, only this writer's id
-            self.check(root, name)
+        with _locked(path.parent):  # a legacy claim's take-over is one writer's at a time
+            if not path.exists():
+                made = _create_once(path, claim)
+            held = self.check(root, name)
+            if held is not None and self.legacy is not None and held["writer"] == self.legacy:
+                _take_over(path, claim)  # from now on, only this writer's id
+                self.check(root, name)
         return made
 
     def holds(self, root: Path) -> bool:
@@ -144,26 +150,27 @@ def _create_once(path: Path, data: bytes) -> bool:
     return True
 
 
-def _take_over(path: Path, legacy: str, claim: bytes) -> None:
-    """Put `claim` in place of a claim by the `legacy` id, compare-and-swap: the claim is
-    moved aside (of two writers taking it over at once, one moves it), and whatever the
-    move found that is not the legacy claim is put back."""
-    moved = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.old")
+def _take_over(path: Path, claim: bytes) -> None:
+    """Put `claim` in place of the legacy claim at `path`, under the folder's lock: written
+    aside, synced, then renamed over it, so that a reader finds one claim or the other."""
+    aside = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.tmp")
     try:
-        os.rename(path, moved)
-    except FileNotFoundError:
-        raise Unavailable(
-            f"the claim '{os.path.abspath(path)}' is being taken over by another writer; "
-            "try again") from None
-    try:
-        found = moved.read_bytes()
-        try:
-            legacy_claim = json.loads(found).get("writer") == legacy
-        except (ValueError, AttributeError):
-            legacy_claim = False
-        _create_once(path, claim if legacy_claim else found)
+        _write_synced(aside, claim)
+        os.replace(aside, path)
     finally:
-        moved.unlink(missing_ok=True)
+        aside.unlink(missing_ok=True)
+    _sync_folder(path.parent)
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` (its own descriptor: no file is added)."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
 
 
 def _write_synced(path: Path, data: bytes) -> None:
