@@ -23,6 +23,7 @@ from pathlib import Path
 
 from cdcflow.errors import FailedPrecondition
 from cdcflow.streams.catalog import Catalog
+from cdcflow.table.writers import replace_synced
 
 HOME_FILE = ".cdcflow-catalog.json"
 """In a catalog's folder: {"catalog": its id, "file": its path} of the catalog that keeps
@@ -45,26 +46,12 @@ def claim_home(home: Path, catalog: Catalog) -> None:
                 return
             if held is not None and _still_there(held["file"], mine["file"], home):
                 raise FailedPrecondition(_refusal(marker, home, held, mine))
-            _write(marker, json.dumps(mine).encode())  # none, a gone one's, or this one's
+            replace_synced(marker, json.dumps(mine).encode())  # none, a gone one's, or ours
     except OSError as error:
         raise FailedPrecondition(
             f"cannot claim the folder '{home}' for the catalog '{mine['file']}' ({error}): "
             f"a runner writes '{marker}' there, under a lock on '{home / LOCK_FILE}'; the "
             "folder must be writable and its file system must support file locks") from None
-
-
-def _write(marker: Path, data: bytes) -> None:
-    aside = marker.with_name(f"{HOME_FILE}.tmp")
-    with open(aside, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(aside, marker)
-    folder = os.open(marker.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 
 
 def _held(marker: Path) -> dict[str, str] | None:

@@ -86,7 +86,7 @@ class TableWriter:
                 made = _create_once(path, claim)
             held = self.check(root, name)
             if held is not None and self.legacy is not None and held["writer"] == self.legacy:
-                _take_over(path, claim)  # from now on, only this writer's id
+                replace_synced(path, claim)  # from now on, only this writer's id
                 self.check(root, name)
         return made
 
@@ -150,12 +150,12 @@ def _create_once(path: Path, data: bytes) -> bool:
     return True
 
 
-def _take_over(path: Path, claim: bytes) -> None:
-    """Put `claim` in place of the legacy claim at `path`, under the folder's lock: written
-    aside, synced, then renamed over it, so that a reader finds one claim or the other."""
-    aside = path.with_name(f".{WRITER_FILE}.{secrets.token_hex(8)}.tmp")
+def replace_synced(path: Path, data: bytes) -> None:
+    """Put `data` in place of the file at `path` (a legacy claim, under the folder's lock):
+    written aside, synced, then renamed over it, so that a reader finds one or the other."""
+    aside = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        _write_synced(aside, claim)
+        _write_synced(aside, data)
         os.replace(aside, path)
     finally:
         aside.unlink(missing_ok=True)
