@@ -18,7 +18,7 @@ from cdcflow.cli.streams import DEFAULT_CATALOG
 from cdcflow.errors import CdcflowError
 from cdcflow.streams.catalog import Catalog, StreamRecord
 from cdcflow.streams.cluster import master_of_streams
-from cdcflow.streams.home import claim_home
+from cdcflow.streams.home import claim_home, refuse_unmade
 from cdcflow.streams.runner import Runner
 
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
@@ -121,6 +121,8 @@ def run(catalog: str, master: str | None, as_json: bool, verbose: bool,
     stop = threading.Event()
     log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
     try:
+        if not Path(catalog).exists():
+            refuse_unmade(Path(catalog))  # another catalog's folder: refused, no file made
         opened = Catalog(catalog)
         claim_home(Path(catalog).resolve().parent, opened)  # another catalog's folder: now
         chosen = master or master_of_streams(

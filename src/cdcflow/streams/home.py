@@ -72,19 +72,34 @@ def _held(marker: Path) -> dict[str, str] | None:
     return held
 
 
+def refuse_unmade(catalog_file: Path) -> None:
+    """Before a catalog file is made (a run of one that does not exist yet): raise
+    FailedPrecondition, and make nothing, if another catalog keeps its streams in its
+    folder; `claim_home` decides under its lock once the file is made."""
+    mine = Path(catalog_file).resolve()
+    marker = mine.parent / HOME_FILE
+    held = _held(marker)
+    if held is not None and _claimed_file(held["file"], mine.parent).exists():
+        raise FailedPrecondition(_refusal(marker, mine.parent, held,
+                                          {"catalog": "", "file": str(mine)}))
+
+
 def _still_there(held_file: str, my_file: str, home: Path) -> bool:
-    """Whether the catalog the claim names is there and is not `my_file`. A claim naming a
-    file in another folder came with a copied or moved folder: its catalog here is the file
-    of that name in this folder."""
+    """Whether the catalog the claim names is there and is not `my_file`."""
+    try:
+        return not os.path.samefile(_claimed_file(held_file, home), my_file)
+    except FileNotFoundError:
+        return False
+
+
+def _claimed_file(held_file: str, home: Path) -> Path:
+    """Where the catalog a claim names is. A claim naming a file in another folder came with
+    a copied or moved folder: its catalog here is the file of that name in this folder."""
     try:
         here = os.path.samefile(Path(held_file).parent, home)
     except FileNotFoundError:
         here = False
-    try:
-        return not os.path.samefile(held_file if here else home / Path(held_file).name,
-                                    my_file)
-    except FileNotFoundError:
-        return False
+    return Path(held_file) if here else home / Path(held_file).name
 
 
 def _refusal(marker: Path, home: Path, held: dict[str, str], mine: dict[str, str]) -> str:

@@ -48,3 +48,4 @@ def test_run_of_a_second_catalog_in_one_folder_fails_naming_both(tmp_path: Path)
     assert str(first.resolve()) in done.stderr and str(second.resolve()) in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert not (tmp_path / "logs").exists(), "a JVM was started"
+    assert not second.exists(), "the refused catalog was made"

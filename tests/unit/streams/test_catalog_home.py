@@ -15,7 +15,7 @@ import pytest
 
 from cdcflow.errors import FailedPrecondition
 from cdcflow.streams.catalog import Catalog
-from cdcflow.streams.home import HOME_FILE, LOCK_FILE, claim_home
+from cdcflow.streams.home import HOME_FILE, LOCK_FILE, claim_home, refuse_unmade
 from cdcflow.streams.runner import Runner
 
 pytestmark = pytest.mark.unit
@@ -81,6 +81,29 @@ def test_a_project_folder_copied_whole_is_claimed_by_its_copy(tmp_path: Path):
     _claim(original / "catalog.db")  # the original keeps its own
     with pytest.raises(FailedPrecondition):
         _claim(copy / "other.db")
+
+
+def test_a_catalog_not_made_yet_is_refused_in_another_catalogs_folder_and_not_made(
+        tmp_path: Path):
+    """`cdcflow run --catalog typo.db` beside a claimed catalog: refused before the file is
+    made; a gone catalog's folder, or a copied project's, is free."""
+    first, typo = tmp_path / "a.db", tmp_path / "typo.db"
+    _claim(first)
+    with pytest.raises(FailedPrecondition, match="a folder of its own") as refused:
+        refuse_unmade(typo)
+    assert str(first.resolve()) in str(refused.value) and str(typo.resolve()) in str(
+        refused.value)
+    assert not typo.exists()
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path, copy)  # its claim names a.db here; copy/a.db is its catalog
+    with pytest.raises(FailedPrecondition, match="a folder of its own"):
+        refuse_unmade(copy / "typo.db")
+    (copy / "a.db").unlink()
+    refuse_unmade(copy / "typo.db")  # the claimed catalog is gone: free
+    refuse_unmade(tmp_path / "elsewhere" / "b.db")  # no claim there
+    (tmp_path / HOME_FILE).write_text("{not json")
+    with pytest.raises(FailedPrecondition, match=HOME_FILE):
+        refuse_unmade(typo)
 
 
 def test_a_damaged_claim_is_refused_naming_it(tmp_path: Path):
