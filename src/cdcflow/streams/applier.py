@@ -29,25 +29,32 @@ class _Due:
     every_seconds: float
     last: dict[str, int]
     vacuumed: dict[str, int]
+    creation: str | None
+    """The creation of the stream that watched: its reports name it."""
 
 
 class Applier:
     """Call `watch` for each running stream and `forget` when it stops; `start` the thread."""
 
-    def __init__(self, clock: Clock, report: Callable[[str, dict[str, Any]], None],
+    def __init__(self, clock: Clock,
+                 report: Callable[[str, dict[str, Any], str | None], None],
                  on_error: Callable[..., None]) -> None:
-        """`on_error(stream, table, error)` for a failed apply; a failed vacuum adds
-        `job="vacuum"`."""
+        """`report(stream, status, creation)` after applies; `on_error(stream, table, error,
+        creation)` for a failed apply, and a failed vacuum adds `job="vacuum"`. `creation`
+        is the one the stream had when `watch` was called: a stream deleted (and perhaps
+        created again) while an apply was in flight is told apart."""
         self.clock, self.report, self.on_error = clock, report, on_error
         self._streams: dict[str, _Due] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, stream: str, tables: dict[str, str], every_seconds: float) -> None:
+    def watch(self, stream: str, tables: dict[str, str], every_seconds: float,
+              creation: str | None = None) -> None:
         with self._lock:
             if stream not in self._streams:
-                self._streams[stream] = _Due(stream, dict(tables), every_seconds, {}, {})
+                self._streams[stream] = _Due(stream, dict(tables), every_seconds, {}, {},
+                                             creation)
 
     def forget(self, stream: str) -> None:
         with self._lock:
@@ -71,7 +78,7 @@ class Applier:
                     self.apply_due(item.stream)
                 except Exception as error:  # e.g. a table's status unreadable: keep going
                     traceback.print_exc()
-                    self.on_error(item.stream, "*", error)
+                    self.on_error(item.stream, "*", error, item.creation)
 
     def apply_due(self, stream: str, force: bool = False) -> None:
         """Apply the stream's tables whose interval has passed (all of them with `force`)."""
@@ -87,11 +94,11 @@ class Applier:
                     self._apply(item, name, root, now)
                 except Exception as error:  # a failing table must not stop the others
                     traceback.print_exc()
-                    self.on_error(stream, name, error)
+                    self.on_error(stream, name, error, item.creation)
                 item.last[name] = now
                 applied = True
         if applied:
-            self.report(stream, table_status(item.tables, self.clock))
+            self.report(stream, table_status(item.tables, self.clock), item.creation)
 
     def _apply(self, item: _Due, name: str, root: str, now: int) -> None:
         """Apply one table, then vacuum it when its last vacuum is VACUUM_EVERY_SECONDS
@@ -104,7 +111,7 @@ class Applier:
                 table.vacuum()
             except Exception as error:  # the table is applied: only its space waits
                 traceback.print_exc()
-                self.on_error(item.stream, name, error, job="vacuum")
+                self.on_error(item.stream, name, error, item.creation, job="vacuum")
 
 
 def table_status(tables: dict[str, str], clock: Clock) -> dict[str, Any]:

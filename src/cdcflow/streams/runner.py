@@ -23,7 +23,7 @@ from typing import Any
 from cdcflow.clock import SYSTEM_CLOCK, Clock
 from cdcflow.errors import FailedPrecondition, NotFound
 from cdcflow.model.timestamps import format_rfc3339, from_micros, to_micros
-from cdcflow.spark.failure_text import MESSAGE_LIMIT, described
+from cdcflow.spark.failure_text import described
 from cdcflow.spark.pipeline import start_query
 from cdcflow.spark.preflight import check_storage_root
 from cdcflow.spark.queries import (
@@ -49,6 +49,7 @@ from cdcflow.streams.home import claim_home
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.progress import count_batch
 from cdcflow.streams.rebackfill import Sweeper
+from cdcflow.streams.reports import ScopedReports
 from cdcflow.streams.setup import StreamSetup, as_recorded, prepare_stream, start_afresh
 from cdcflow.streams.source_watch import SourceWatch
 from cdcflow.streams.states import StreamState
@@ -97,9 +98,10 @@ class Runner:
         self.healthy_seconds = healthy_seconds
         self.clock = clock
         self.workers: dict[str, Worker] = {}
-        self.applier = Applier(clock, self._report_tables, self._table_failed)
+        self.reports = ScopedReports(self.catalog)
+        self.applier = Applier(clock, self.reports.tables, self.reports.table_failed)
         self.sweeper = Sweeper(self.catalog)
-        self.capture = CaptureWorkers(clock, self._capture_died)
+        self.capture = CaptureWorkers(clock, self.reports.capture_died)
         self.lease = RunnerLease(self.catalog, lease_seconds)
         self.warm_up = StandbyWarmUp(spark, self.master, self.lease)
         self._turned = threading.Event()
@@ -278,13 +280,13 @@ class Runner:
             definition = setup.definition
             self.capture.ensure(definition.name, run_capture,
                                 (definition.model_dump_json(), self.catalog.path, creation,
-                                 True))
+                                 True), creation)
 
     def _keep_running(self, record: StreamRecord, worker: Worker) -> None:
         setup = self._setup(record, worker)
         self._check_capture_failed(worker.name)
         self._ensure_capture(setup, worker.creation)
-        self.applier.watch(worker.name, setup.tables, setup.apply_seconds)
+        self.applier.watch(worker.name, setup.tables, setup.apply_seconds, worker.creation)
         if worker.query is None or not worker.query.isActive:
             if worker.query is not None:
                 failure = worker.query.exception()
@@ -374,7 +376,7 @@ class Runner:
         try:
             stop_between_batches(query, worker.control, timeout=120)
         except Exception as error:  # it had failed, or would not come to rest
-            self.catalog.record_error(worker.name, "*", described(error))
+            self.reports.error(worker.name, worker.creation, "*", described(error))
             if query.isActive:
                 query.stop()
 
@@ -382,6 +384,7 @@ class Runner:
         """Finish what is in the log now, then stop between batches: PAUSED."""
         name = record.definition.name
         worker = self.workers[name]
+        catalog = self.catalog.scoped(name, record.creation)
         try:
             setup = self._setup(record, worker)
             self._catch_up_capture(setup, worker.creation)
@@ -396,12 +399,15 @@ class Runner:
             query, worker.query = worker.query, None
             stop_between_batches(query, worker.control, until=target, timeout=None)
             self.sweeper.sweep_due(setup, target)
-            self.applier.watch(name, setup.tables, setup.apply_seconds)
+            self.applier.watch(name, setup.tables, setup.apply_seconds, worker.creation)
             self.applier.apply_due(name, force=True)
             self.applier.forget(name)
-            self.catalog.act(name, "drained", ("drained", {"through": target}))
+            catalog.act(name, "drained", ("drained", {"through": target}))
+        except StreamGone:
+            return
         except Exception as error:
-            self._fail(name, "*", error)
+            with suppress(StreamGone):
+                self._fail(name, "*", error, catalog)
 
     def _catch_up_capture(self, setup: StreamSetup, creation: str | None,
                           seconds: float = 600.0) -> None:
@@ -419,18 +425,3 @@ class Runner:
             self._ensure_capture(setup, creation)
             time.sleep(0.1)
         self.capture.stop(setup.definition.name)
-
-    # ---- reports from the applier and the capture workers ---------------------------------
-
-    def _report_tables(self, stream: str, status: dict[str, Any]) -> None:
-        self.catalog.update_status(stream, **status)
-
-    def _table_failed(self, stream: str, table: str, error: BaseException,
-                      job: str = "apply") -> None:
-        prefix = f"{job} failed: "
-        self.catalog.record_error(stream, table,
-                                  prefix + described(error, MESSAGE_LIMIT - len(prefix)))
-
-    def _capture_died(self, stream: str, message: str) -> None:
-        self.catalog.record_error(stream, "*", message)
-

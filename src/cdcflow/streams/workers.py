@@ -131,13 +131,14 @@ class _Worker:
     deaths: int = 0
     restart_at: float = 0.0
     exit_codes: tuple[int, ...] = ()
+    scope: str | None = None
 
 
 class CaptureWorkers:
-    """Starts, watches and restarts capture processes. `on_death(name, message)` hears of
-    every worker that died."""
+    """Starts, watches and restarts capture processes. `on_death(name, message, scope)`
+    hears of every worker that died, with the `scope` it was started with."""
 
-    def __init__(self, clock: Clock, on_death: Callable[[str, str], None],
+    def __init__(self, clock: Clock, on_death: Callable[[str, str, str | None], None],
                  backoff_seconds: float = 1.0, max_backoff_seconds: float = 60.0,
                  healthy_seconds: float = 60.0) -> None:
         self.clock, self.on_death = clock, on_death
@@ -148,13 +149,18 @@ class CaptureWorkers:
     def _now(self) -> float:
         return to_micros(self.clock.now()) / 1e6
 
-    def ensure(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:
+    def ensure(self, name: str, target: Callable[..., None], args: tuple[Any, ...],
+               scope: str | None = None) -> None:
         """Keep a worker running `target(*args)` for `name`: start it, or notice its death
-        and start it again once its backoff has passed."""
+        and start it again once its backoff has passed. `scope` (the stream's creation) is
+        what its death is reported with; a worker of another scope is stopped first."""
         worker = self._workers.get(name)
+        if worker is not None and worker.scope != scope:
+            self.stop(name)
+            worker = None
         now = self._now()
         if worker is None:
-            self._workers[name] = _Worker(self._spawn(target, args), now)
+            self._workers[name] = _Worker(self._spawn(target, args), now, scope=scope)
             return
         if worker.process is not None and worker.process.is_alive():
             return
@@ -171,7 +177,7 @@ class CaptureWorkers:
         worker.exit_codes = (*worker.exit_codes[-9:], code)
         worker.process = None
         self.on_death(name, f"capture worker exited with code {code}; restarting in "
-                            f"{delay:.1f} s (death {worker.deaths} in a row)")
+                            f"{delay:.1f} s (death {worker.deaths} in a row)", worker.scope)
 
     def appended(self, name: str, at: str | None) -> None:
         """The stream's capture last appended at `at` (RFC 3339): a worker that has appended

@@ -63,7 +63,7 @@ def test_killed_workers_are_restarted_with_backoff_and_resume_exactly(tmp_path: 
     journal = tmp_path / "journal.jsonl"
     journal.write_text("")
     deaths: list[str] = []
-    workers = CaptureWorkers(SYSTEM_CLOCK, lambda name, message: deaths.append(message),
+    workers = CaptureWorkers(SYSTEM_CLOCK, lambda name, message, _: deaths.append(message),
                              backoff_seconds=0.2, healthy_seconds=600)
     rng = random.Random(3)
     transactions = 0

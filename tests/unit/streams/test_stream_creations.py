@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -170,11 +171,98 @@ def test_a_capture_worker_starts_scoped_to_the_creation_the_runner_drives(
     runner.workers["lake"] = Worker("lake", record.creation)
     started: list[tuple[Any, ...]] = []
     monkeypatch.setattr(runner.capture, "ensure",
-                        lambda name, target, args: started.append(args))
+                        lambda name, target, args, scope: started.append((*args, scope)))
     setup = SimpleNamespace(definition=record.definition, source=SimpleNamespace(has_worker=True))
     runner._ensure_capture(setup, record.creation)  # type: ignore[arg-type]
     assert started == [(record.definition.model_dump_json(), catalog.path, record.creation,
-                        True)]
+                        True, record.creation)]
+
+
+def test_the_applier_s_reports_for_an_earlier_creation_write_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An apply in flight when its stream is deleted and created again: neither its tables'
+    status nor its failure reaches the new stream."""
+    catalog = lake(tmp_path, [{"kind": "cdc_table", "warehouse": str(tmp_path / "warehouse")}])
+    record = catalog.get("lake")
+    setup = prepare_stream(record.definition, tmp_path, catalog)
+    runner = Runner(catalog.path, spark=None)
+    runner.applier.watch("lake", setup.tables, 5.0, record.creation)
+    runner.applier.apply_due("lake", force=True)
+    assert set(catalog.status("lake")["tables"]) == {"Orders"}
+    _create_again(catalog)
+    runner.applier.apply_due("lake", force=True)
+    assert "tables" not in catalog.status("lake")
+
+    def failing(*_: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(runner.applier, "_apply", failing)
+    runner.applier.apply_due("lake", force=True)
+    assert catalog.errors("lake") == []
+    runner.applier.forget("lake")
+    runner.applier.watch("lake", setup.tables, 5.0, catalog.get("lake").creation)
+    runner.applier.apply_due("lake", force=True)  # the new creation's own: written
+    assert [e["message"] for e in catalog.errors("lake")] == ["apply failed: OSError: disk full"]
+
+
+def test_a_drain_of_an_earlier_creation_fails_nothing_of_the_new_stream(tmp_path: Path):
+    catalog = lake(tmp_path, _events(tmp_path))
+    record = catalog.get("lake")
+    runner = Runner(catalog.path, spark=None)
+    worker = runner.workers["lake"] = Worker("lake", record.creation)
+    worker.query = SimpleNamespace(exception=lambda: RuntimeError("the query failed"))
+    _create_again(catalog)
+    runner._drain(record)
+    assert catalog.errors("lake") == []
+    assert catalog.get("lake").state == StreamState.NOT_STARTED
+
+
+def test_a_query_that_will_not_stop_reports_only_to_its_own_creation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    catalog = lake(tmp_path, _events(tmp_path))
+    runner = Runner(catalog.path, spark=None)
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise RuntimeError("would not come to rest")
+
+    monkeypatch.setattr(runner_module, "stop_between_batches", refuse)
+    said = []
+    for creation_changed in (False, True):
+        worker = Worker("lake", catalog.get("lake").creation)
+        if creation_changed:
+            _create_again(catalog)
+        worker.query = SimpleNamespace(isActive=True, stop=lambda: None)
+        runner._stop_query(worker)
+        said.append([e["message"] for e in catalog.errors("lake")])
+    assert said == [["RuntimeError: would not come to rest"], []]
+
+
+def _exit_at_once() -> None:
+    """A capture worker that dies as soon as it starts."""
+
+
+def _death_of(runner: Runner, creation: str | None) -> None:
+    """Start a capture worker for `creation` that dies, and let the runner notice it."""
+    runner.capture.ensure("lake", _exit_at_once, (), creation)
+    deadline = time.monotonic() + 60
+    while runner.capture.info("lake")["alive"]:  # type: ignore[index]
+        assert time.monotonic() < deadline, "the worker did not end"
+        time.sleep(0.05)
+    runner.capture.ensure("lake", _exit_at_once, (), creation)  # buries it, starts another
+
+
+def test_a_capture_worker_s_death_is_reported_only_to_its_own_creation(tmp_path: Path):
+    catalog = lake(tmp_path, _events(tmp_path))
+    earlier = catalog.get("lake").creation
+    runner = Runner(catalog.path, spark=None)
+    runner.capture.backoff = 0.0
+    _death_of(runner, earlier)
+    assert [e["message"][:32] for e in catalog.errors("lake")] == [
+        "capture worker exited with code "]
+    _create_again(catalog)
+    _death_of(runner, earlier)  # a worker the new creation's runner had not stopped yet
+    assert catalog.errors("lake") == []
+    runner.capture.stop_all()
 
 
 def test_a_backfill_chunk_of_a_stream_deleted_meanwhile_is_not_written(tmp_path: Path):

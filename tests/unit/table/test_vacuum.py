@@ -180,7 +180,7 @@ def test_the_runner_s_apply_vacuums_a_table_at_its_first_apply(tmp_path: Path):
     garbage = on_disk(table.root) - named_now(table)
     assert garbage
     errors: list = []
-    applier = Applier(clock, lambda stream, status: None,
+    applier = Applier(clock, lambda stream, status, creation: None,
                       lambda *failure: errors.append(failure))
     applier.watch("s", {"T": str(table.root)}, 5.0)
     applier.apply_due("s", force=True)
