@@ -34,6 +34,8 @@ def make_events(batch: int, count: int, table: str = "Orders") -> list[Event]:
 
 
 def test_layout_rotation_and_manifests(tmp_path: Path):
+    """EV-1: events are written under their stream, then under their object
+    (`<root>/<stream>/<object>/...`); rotation and one manifest per batch."""
     writer = EventFileWriter(tmp_path, "s1", "json", Rotation(max_events=4, max_seconds=20))
     files = writer.write_batch(0, make_events(0, 20) + make_events(0, 3, "Other"))
     assert all(Path(tmp_path / "s1" / f).exists() for f in files)

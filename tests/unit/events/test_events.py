@@ -49,6 +49,8 @@ SAMPLE = ("CREATE TABLE SAMPLE (THIS_IS_MY_PK INT64 NOT NULL, FIELD1 STRING(MAX)
 @pytest.mark.parametrize("capture", ["OLD_AND_NEW_VALUES", "NEW_VALUES", "NEW_ROW",
                                      "NEW_ROW_AND_OLD_VALUES"])
 def test_seed_example_insert_update_delete(db: Database, capture: str):
+    """EV-1: each event is one change of one object (`object`) of one stream
+    (`stream_name`); EV-5's payloads of the seed's example."""
     db.ddl(SAMPLE)
     db.ddl(f"CREATE CHANGE STREAM S FOR ALL OPTIONS (value_capture_type = '{capture}')")
     with db.transaction() as tx:

@@ -10,6 +10,8 @@ from datetime import timedelta
 import pytest
 
 from cdcflow import COMMIT_TIMESTAMP, Database
+from cdcflow.capture.watcher.config import WatchedTable
+from cdcflow.capture.watcher.embedded import EmbeddedTarget
 from cdcflow.errors import AlreadyExists, DdlError, InvalidArgument, NotFound
 from tests.unit.store.test_generated_columns import SINGERS, shard_of
 
@@ -167,3 +169,26 @@ def test_a_file_from_before_indexes_still_opens_for_reading(db: Database):
     catalog = load_catalog(conn, 1)
     conn.close()
     assert catalog.indexes == {} and "Singers" in catalog.tables
+
+
+def test_a_sharded_watcher_polls_through_the_index_with_the_shard_column_first(db: Database):
+    """CW-2: an index on the commit timestamp alone (or with it first) is a write hot spot;
+    the watcher of a sharded table polls through the index that has the shard column first,
+    and never through a timestamp-first one (it scans instead)."""
+    db.ddl([SINGERS, "CREATE INDEX ByTime ON Singers (LastModified)",
+            "CREATE INDEX ByTimeThenShard ON Singers (LastModified, ShardId)", INDEX])
+    write(db, 1, 5)
+    sharded = WatchedTable("Singers", "LastModified", "ShardId", tuple(range(-18, 19)))
+    target = EmbeddedTarget(db.path)
+    try:
+        chosen = target.index_for(sharded)
+        assert chosen == "SingersByShard"
+        (index,) = [i for i in db.indexes() if i.name == chosen]
+        assert index.columns[0] == "ShardId"
+        assert target.index_for(WatchedTable("Singers", "LastModified")) == "ByTime"
+        page = target.poll(sharded, [0, ""], target.horizon(), 100)
+        assert sorted(p.row["SingerId"] for p in page.rows) == [1, 2, 3, 4, 5]
+        db.ddl("DROP INDEX SingersByShard")
+        assert target.index_for(sharded) is None
+    finally:
+        target.close()

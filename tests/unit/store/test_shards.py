@@ -15,6 +15,8 @@ TABLE = "CREATE TABLE K (Id INT64 NOT NULL, V INT64) PRIMARY KEY (Id)"
 
 
 def test_enable_list_describe_and_page_through_a_shard(db: Database):
+    """SH-2 (and SH-6): a read takes a shard iterator and returns at most `limit` records
+    and the next iterator, paging through the shard's log."""
     db.ddl(TABLE)
     stream_id = db.update_table("K", enable_stream=True, expiration_time=timedelta(hours=24))
     assert stream_id is not None
@@ -62,6 +64,8 @@ def test_finished_shard_ends_with_empty_iterator_and_children_name_parents(db: D
 
 
 def test_disable_and_reenable_starts_at_the_new_offset(db: Database):
+    """SH-3: disabling and re-enabling a stream starts it from the log offset at the new
+    enable time: changes from before it (or from the old stream) are not in it."""
     db.ddl(TABLE)
     first = db.update_table("K", enable_stream=True)
     with db.transaction() as tx:
@@ -197,3 +201,24 @@ def test_a_fresh_iterator_on_an_old_busy_shard_reads(fake_db: Database, clock: F
     clock.advance(timedelta(seconds=2))  # now the record is past the expiration, still kept
     records, following = db.get_stream_record(fresh)
     assert [r.primary_key["Id"] for r in records] == [5] and following is not None
+
+
+def test_enabling_records_the_current_offset_and_an_iterator_is_a_position(db: Database):
+    """SH-2: enabling a stream records the log offset of that moment, so changes committed
+    before it (kept in the log for another stream) are not in it; an iterator marks a
+    position in a shard's log, so reading it again returns the same records."""
+    db.ddl(TABLE)
+    db.ddl("CREATE CHANGE STREAM Everything FOR ALL")
+    with db.transaction() as tx:
+        tx.insert("K", {"Id": 1})
+    stream_id = str(db.update_table("K", enable_stream=True))
+    for number in (2, 3, 4):
+        with db.transaction() as tx:
+            tx.insert("K", {"Id": number})
+    (shard,) = db.describe_stream(stream_id).shards
+    first, middle = db.get_stream_record(db.get_shard_iterator(stream_id, shard.shard_id), 1)
+    assert [r.primary_key["Id"] for r in first] == [2] and middle is not None
+    again, following = db.get_stream_record(middle, 5)
+    assert [r.primary_key["Id"] for r in again] == [3, 4]
+    assert db.get_stream_record(middle, 5) == (again, following)
+    assert following is not None and db.get_stream_record(following)[0] == []

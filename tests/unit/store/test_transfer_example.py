@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from cdcflow import COMMIT_TIMESTAMP, ChangeRecord, Database
+from cdcflow.errors import InvalidArgument
 from tests.conftest import ACCOUNT_BALANCE
 
 pytestmark = pytest.mark.unit
@@ -88,6 +89,8 @@ def test_transfer_between_two_partitions_is_one_transaction_with_two_records(db:
 
 
 def test_record_dict_shape_round_trips(db: Database):
+    """CS-6 (and CS-7's dict shape): a ChangeRecord row holding a data_change_record has
+    its heartbeat_record and child_partitions_record empty."""
     db.ddl(ACCOUNT_BALANCE)
     db.ddl("CREATE CHANGE STREAM S FOR ALL")
     start = db.current_timestamp()
@@ -103,3 +106,35 @@ def test_record_dict_shape_round_trips(db: Database):
     wrapped = ChangeRecord(data_change_record=record).to_dict()
     assert wrapped["heartbeat_record"] == [] and wrapped["child_partitions_record"] == []
     assert wrapped["data_change_record"] == [data]
+
+
+def test_every_row_holds_exactly_one_kind_of_record(fake_db: Database):
+    """CS-6: each row of a change-stream query holds exactly one of data_change_record,
+    heartbeat_record and child_partitions_record, the other two empty; a ChangeRecord with
+    none or two of them is refused."""
+    db = fake_db
+    db.ddl(ACCOUNT_BALANCE)
+    db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    (root,) = db.partitions("S")
+    with db.transaction() as tx:
+        tx.insert("AccountBalance", {"AccountId": "a", "Balance": 1})
+    (first,) = db.read_change_stream("S", root.start_timestamp, db.current_timestamp(), None,
+                                     1000)
+    rows = db.read_change_stream("S", root.start_timestamp, None, root.token, 1000)
+    seen = [first, next(rows), next(rows)]  # the data, then a heartbeat (the clock moves)
+    db.split_partition("S", root.token)
+    seen += list(rows)  # the query ends with the child partitions
+    kinds = []
+    for row in seen:
+        shape = row.to_dict()
+        filled = [name for name, value in shape.items() if value]
+        assert len(filled) == 1 and len(shape[filled[0]]) == 1, shape
+        assert [name for name in shape if getattr(row, name) is not None] == filled
+        kinds.append(filled[0])
+    assert set(kinds) == {"data_change_record", "heartbeat_record", "child_partitions_record"}
+    beat = next(r.heartbeat_record for r in seen if r.heartbeat_record)
+    with pytest.raises(InvalidArgument, match="exactly one record, got 0"):
+        ChangeRecord()
+    with pytest.raises(InvalidArgument, match="exactly one record, got 2"):
+        ChangeRecord(heartbeat_record=beat,
+                     child_partitions_record=first.child_partitions_record)

@@ -45,6 +45,8 @@ def test_seed_example(tmp_path: Path):
 
 
 def test_staleness_timeline_alter_and_options(tmp_path: Path):
+    """AP-5 and AP-6: the upsert_stream_apply_watermark, read from the table's metadata, is
+    the time of the last apply; reads inside max_staleness return that version."""
     clock = FakeClock()
     t0 = clock.now()
     table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"], max_staleness=timedelta(minutes=10),
@@ -72,7 +74,30 @@ def test_staleness_timeline_alter_and_options(tmp_path: Path):
         table.alter(max_staleness=timedelta(0))
 
 
+def test_a_delete_is_applied_once_the_watermark_passes_its_streaming(tmp_path: Path):
+    """AP-6: a DELETE streamed after the watermark is not applied yet (the stored table
+    still has the row); an apply moves the watermark, read back from metadata, past it."""
+    clock = FakeClock()
+    table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"], clock=clock)
+    table.connection().append([{"id": 1, "name": "a", "salary": 1, "_CHANGE_TYPE": "UPSERT"}])
+    table.apply()
+
+    def stored() -> list[int]:
+        return [r["id"] for r in DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()]
+
+    streamed = clock.advance(timedelta(minutes=1))
+    table.connection().append([{"id": 1, "_CHANGE_TYPE": "DELETE"}])
+    assert CdcTable.open(tmp_path / "t").upsert_stream_apply_watermark < streamed
+    assert stored() == [1] and table.has_pending_changes()
+    clock.advance(timedelta(minutes=1))
+    table.apply()
+    assert CdcTable.open(tmp_path / "t").upsert_stream_apply_watermark > streamed
+    assert stored() == [] and not table.has_pending_changes()
+
+
 def test_connection_mixing_change_types_fails_and_keeps_nothing(tmp_path: Path):
+    """AP-3: UPSERT/DELETE rows and INSERT or untyped rows on one connection are refused
+    with 'The given value is not a valid CHANGE_TYPE'."""
     table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
     connection = table.connection()
     connection.append([{"id": 1, "name": "a", "salary": 1, "_CHANGE_TYPE": "UPSERT"}])
@@ -193,6 +218,9 @@ def test_exactly_once_appends_with_app_ids(tmp_path: Path):
 
 
 def test_jobs_recommendation_and_export(tmp_path: Path):
+    """AP-8: apply job durations are observable and recommended_max_staleness is the larger
+    of the tolerated staleness and twice the p95 duration plus a buffer. AP-9: exporting a
+    table with unapplied changes refuses (apply_first=False) or applies them first."""
     table = CdcTable.create(tmp_path / "t", SCHEMA, ["id"])
     table.connection().append([{"id": i, "_CHANGE_TYPE": "UPSERT"} for i in range(10)])
     with pytest.raises(FailedPrecondition, match="unapplied"):
