@@ -39,10 +39,15 @@ SHARD, PROCESSED = "Shard Id;", "Pro'cessed"
 SHARDS = {"in": [-3, -2, -1, 0, 1, 2, 3]}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def the_role_sees_transaction_starts(pg: LocalPostgres) -> None:
+    """What the watcher's role needs (README), for every test here, run alone or not."""
+    pg.sql("postgres", "GRANT pg_read_all_stats TO cdc")
+
+
 @pytest.fixture(scope="module")
 def watched(pg: LocalPostgres) -> str:
     """The app's table, made watchable by `prepare_table` (run twice: it changes nothing)."""
-    pg.sql("postgres", "GRANT pg_read_all_stats TO cdc")
     conn = connect(pg)
     with conn.cursor() as cur:
         cur.execute("CREATE TABLE sentinel (x int)")
@@ -296,8 +301,9 @@ def test_the_horizon_stays_below_an_open_transaction(pg: LocalPostgres, watched:
 
 def test_polls_name_the_shards_and_use_the_partial_index(pg: LocalPostgres, tmp_path: Path):
     """CW-4/CW-5: the executed poll holds `IS NOT NULL AND ... IN (...)`, and EXPLAIN of it
-    shows the partial index; Processed takes a row out of the polls and an update brings
-    it back (CW-7)."""
+    shows the partial index, whose first column is the shard (CW-2: not the timestamp, a
+    write hot spot); Processed takes a row out of the polls and an update brings it back
+    (CW-7)."""
     conn = connect(pg)
     name = "public.big singers"
     with conn.cursor() as cur:
@@ -333,7 +339,11 @@ def test_polls_name_the_shards_and_use_the_partial_index(pg: LocalPostgres, tmp_
         index = f"cdcflow_watch_{cur.fetchone()[0]}"
         cur.execute("EXPLAIN " + query)
         plan = "\n".join(line for (line,) in cur.fetchall())
+        cur.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", (index,))
+        (definition,) = cur.fetchone()
     assert index in plan, plan
+    assert "(shard, ts) WHERE ((shard IS NOT NULL) AND (ts IS NOT NULL))" in definition, \
+        definition
     first = page.rows[0].row["id"]
     set_processed(conn, name, first, True)
     later = wait_for_horizon(target, conn, name)
