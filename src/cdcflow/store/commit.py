@@ -50,6 +50,7 @@ def commit_mutations(session: Session, mutations: list[Mutation], now_micros: in
         else:
             write_meta(session.conn, {"last_commit_micros": micros,
                                       "txn_counter": int(transaction_id)})
+            _collect_garbage(session, catalog, micros)
     return micros
 
 
@@ -121,6 +122,12 @@ def _after_append(session: Session, catalog: Catalog, streams: set[str], micros:
     policy = _policy(session.meta["partition_policy"])
     for name in streams:
         apply_policy(session, name, policy, micros)
+    _collect_garbage(session, catalog, micros)
+
+
+def _collect_garbage(session: Session, catalog: Catalog, micros: int) -> None:
+    """At most every GC_INTERVAL_MICROS, by any commit: expire change records and row
+    versions past their retentions (settling the journal first when they would meet it)."""
     if micros - int(session.meta["gc_micros"]) >= GC_INTERVAL_MICROS:
         oldest = journal.first_pending(session.conn)
         if oldest is not None and (any(oldest < micros - s.retention_micros

@@ -249,3 +249,30 @@ def test_query_of_a_partition_that_ended_before_start_gives_children_from_start(
     assert record is not None
     assert start <= record.start_timestamp <= end
     assert {c.token for c in record.child_partitions} == {low, high}
+
+
+@pytest.mark.parametrize("watched", [False, True])
+def test_commits_remove_row_versions_past_the_retention_with_or_without_a_stream(
+        fake_db: Database, clock: FakeClock, watched: bool):
+    """Writers remove superseded row versions older than the version retention (at most
+    every 10 s), whether or not a change stream watches the table: before, only commits
+    that wrote a journal row did, so a database without a stream kept every version."""
+    db = fake_db
+    db.ddl(TABLE)
+    if watched:
+        db.ddl("CREATE CHANGE STREAM S FOR ALL")
+    for value in range(5):
+        with db.transaction() as tx:
+            tx.insert_or_update("K", {"Id": 1, "V": value})
+    storage = db._session().catalog.storage("K")
+
+    def versions() -> int:
+        conn = db._session().conn
+        return int(conn.execute(f"SELECT COUNT(*) FROM {storage}").fetchone()[0])
+
+    assert versions() == 5
+    clock.advance(timedelta(hours=2))
+    with db.transaction() as tx:
+        tx.insert_or_update("K", {"Id": 2, "V": 0})
+    assert versions() == 2  # key 1's newest version and key 2's
+    assert db.read_row("K", 1) == {"Id": 1, "V": 4}
