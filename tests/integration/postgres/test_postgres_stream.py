@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cdcflow.capture.postgres import connection
 from cdcflow.errors import FailedPrecondition
 from cdcflow.events.files import EventFileWriter, read_json_events
 from cdcflow.localdb import LocalPostgres
@@ -126,8 +127,10 @@ def test_a_postgres_stream_end_to_end_through_the_cli_and_the_runner(
     assert any("capture worker exited" in e["message"] for e in errors)
     assert status["capture"]["position"]["end_lsn"]
     cli(catalog_path, "delete", "pg-shop")
-    assert pg.sql("shop", "SELECT count(*) FROM pg_replication_slots").strip() == "0"
-    assert pg.sql("shop", "SELECT count(*) FROM pg_publication").strip() == "0"
+    assert pg.sql("shop", "SELECT count(*) FROM pg_replication_slots WHERE slot_name = "
+                          "'cdcflow_old'").strip() == "0"
+    assert pg.sql("shop", "SELECT count(*) FROM pg_publication WHERE pubname = "
+                          "'cdcflow_old'").strip() == "0"
     exposed = [str(path) for path in tmp_path.rglob("*") if path.is_file()
                and pg.password.encode() in path.read_bytes()]
     assert exposed == [] and pg.password not in json.dumps(status) + json.dumps(errors)
@@ -161,3 +164,32 @@ def test_delete_keeps_the_slot_when_asked_and_names_missing_privileges(
     with pytest.raises(FailedPrecondition, match="ownership of the published tables"):
         setup.source.snapshot(list(setup.objects.values()), None)
     pg.sql("shop", "SELECT pg_drop_replication_slot('cdcflow_keep')")
+
+
+def test_a_server_older_than_the_source_needs_is_refused_naming_its_version(
+        pg: LocalPostgres, pg_conn: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The capture needs PostgreSQL 14 (pgoutput's 'messages' option): an older server is
+    FailedPrecondition naming it and its version, before a slot or publication is made.
+    This server (15) passes; with the minimum above its version, it is refused as an older
+    one would be."""
+    assert pg_conn.server_version >= connection.MIN_SERVER_VERSION
+    connection.check_server_version(pg_conn, pg.dsn())
+    above = (pg_conn.server_version // 10000 + 1) * 10000
+    monkeypatch.setattr(connection, "MIN_SERVER_VERSION", above)
+    with pg_conn.cursor() as cur:
+        cur.execute("CREATE TABLE old_server (id int PRIMARY KEY)")
+    definition = tmp_path / "pg.yaml"
+    definition.write_text(yaml.safe_dump({
+        "name": "old", "include": ["public.old_server"],
+        "source": {"kind": "postgres", "dsn": pg.dsn(),
+                   "password_env": "CDCFLOW_TEST_PG_PASSWORD"},
+        "destinations": [{"kind": "event_files", "root": str(tmp_path / "events")}]}))
+    cli(tmp_path / "catalog.db", "create", str(definition))
+    with pytest.raises(FailedPrecondition, match=r"is version \d+\.\d+; the source needs "
+                                                 rf"{above // 10000}\.0 or newer") as refused:
+        prepare_stream(Catalog(tmp_path / "catalog.db").get("old").definition, tmp_path)
+    assert "127.0.0.1" in str(refused.value) and pg.password not in str(refused.value)
+    assert pg.sql("shop", "SELECT count(*) FROM pg_replication_slots WHERE slot_name = "
+                          "'cdcflow_old'").strip() == "0"
+    assert pg.sql("shop", "SELECT count(*) FROM pg_publication WHERE pubname = "
+                          "'cdcflow_old'").strip() == "0"

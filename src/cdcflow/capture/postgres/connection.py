@@ -87,6 +87,28 @@ def connect(dsn: str, password_env: str | None, replication: bool = False) -> An
     return conn
 
 
+MIN_SERVER_VERSION = 140000
+"""PostgreSQL 14: pgoutput's `messages` option (the capture's marks) is new in 14, and
+`pg_current_snapshot()` (the snapshot's bounds) in 13."""
+
+
+def check_server_version(conn: Any, dsn: str, minimum: int | None = None) -> None:
+    """FailedPrecondition naming the server and its version if it is older than `minimum`
+    (a `server_version_num`; default MIN_SERVER_VERSION), before anything is made on it."""
+    minimum = MIN_SERVER_VERSION if minimum is None else minimum
+    found = int(conn.server_version)
+    if found < minimum:
+        raise FailedPrecondition(
+            f"PostgreSQL at {describe_dsn(dsn)} is version {_version_text(found)}; the source "
+            f"needs {_version_text(minimum)} or newer (pgoutput's 'messages' option, "
+            "pg_current_snapshot())")
+
+
+def _version_text(number: int) -> str:
+    """`server_version_num` as PostgreSQL writes its version: 150004 is 15.4."""
+    return f"{number // 10000}.{number % 10000}"
+
+
 _PRIVILEGES = {
     "replication slot": "the REPLICATION attribute (ALTER ROLE ... REPLICATION)",
     "publication": "CREATE on the database, and ownership of the published tables",
@@ -94,7 +116,10 @@ _PRIVILEGES = {
 
 
 def typed(error: BaseException, doing: str) -> CdcflowError:
-    """A psycopg2 error as a cdcflow error: what was being done and what the server said."""
+    """A psycopg2 error as a cdcflow error: what was being done and what the server said.
+    A cdcflow error (a password variable not set, a server too old) stays as it is."""
+    if isinstance(error, CdcflowError):
+        return error
     said = " ".join(str(getattr(error, "pgerror", None) or error).split())
     if isinstance(error, psycopg2.errors.InsufficientPrivilege):
         needed = next((v for k, v in _PRIVILEGES.items() if k in doing), "the privilege")

@@ -21,7 +21,7 @@ import psycopg2
 from psycopg2 import sql
 
 from cdcflow.capture.postgres.catalog import PgTable, TypeCache, read_tables, source_object
-from cdcflow.capture.postgres.connection import connect, typed
+from cdcflow.capture.postgres.connection import check_server_version, connect, typed
 from cdcflow.capture.postgres.snapshot import read_chunk
 from cdcflow.capture.postgres.stream import HEARTBEAT_PREFIX, CaptureLoop, Settings
 from cdcflow.capture.source import RowSink, Snapshot, SourceObject, WorkerHooks
@@ -80,7 +80,13 @@ class PostgresSource:
 
     def _conn(self) -> Any:
         if self._sql is None or self._sql.closed:
-            self._sql = connect(self.config.dsn, self.config.password_env)
+            conn = connect(self.config.dsn, self.config.password_env)
+            try:
+                check_server_version(conn, self.config.dsn)
+            except FailedPrecondition:
+                conn.close()
+                raise
+            self._sql = conn
         return self._sql
 
     def _tables(self) -> list[PgTable]:
