@@ -193,3 +193,18 @@ def test_a_server_older_than_the_source_needs_is_refused_naming_its_version(
                           "'cdcflow_old'").strip() == "0"
     assert pg.sql("shop", "SELECT count(*) FROM pg_publication WHERE pubname = "
                           "'cdcflow_old'").strip() == "0"
+
+
+def test_a_password_variable_not_set_is_failed_precondition_naming_it(
+        pg: LocalPostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The source's first look at the server keeps the error's type (it was an untyped
+    'reading the tables' error), and the message names the variable, not a password."""
+    monkeypatch.delenv("CDCFLOW_TEST_PG_UNSET", raising=False)
+    definition = tmp_path / "pg.yaml"
+    definition.write_text(yaml.safe_dump({
+        "name": "unset", "include": ["public.*"],
+        "source": {"kind": "postgres", "dsn": pg.dsn(), "password_env": "CDCFLOW_TEST_PG_UNSET"},
+        "destinations": [{"kind": "event_files", "root": str(tmp_path / "events")}]}))
+    cli(tmp_path / "catalog.db", "create", str(definition))
+    with pytest.raises(FailedPrecondition, match="'CDCFLOW_TEST_PG_UNSET' .* is not set"):
+        prepare_stream(Catalog(tmp_path / "catalog.db").get("unset").definition, tmp_path)
