@@ -206,5 +206,5 @@ def test_a_password_variable_not_set_is_failed_precondition_naming_it(
         "source": {"kind": "postgres", "dsn": pg.dsn(), "password_env": "CDCFLOW_TEST_PG_UNSET"},
         "destinations": [{"kind": "event_files", "root": str(tmp_path / "events")}]}))
     cli(tmp_path / "catalog.db", "create", str(definition))
-    with pytest.raises(FailedPrecondition, match="'CDCFLOW_TEST_PG_UNSET' .* is not set"):
+    with pytest.raises(FailedPrecondition, match=r"'CDCFLOW_TEST_PG_UNSET' .* is not set"):
         prepare_stream(Catalog(tmp_path / "catalog.db").get("unset").definition, tmp_path)
