@@ -129,18 +129,45 @@ def decode_row(schema: TableSchema, encoded: dict[str, Any]) -> dict[str, Any]:
     return {c.name: decode_value(encoded.get(c.name), c.type) for c in schema.columns}
 
 
-def gc_versions(conn: sqlite3.Connection, storage: str, cutoff_micros: int) -> int:
-    """Drop versions superseded at or before the cutoff, and tombstones older than it."""
+def gc_versions(conn: sqlite3.Connection, storage: str, cutoff_micros: int,
+                after_key: str | None = None, through_key: str | None = None) -> int:
+    """Drop versions superseded at or before the cutoff, and tombstones older than it; of the
+    keys in (`after_key`, `through_key`] only, where given (None: no bound)."""
+    bounds, params = _key_bounds(after_key, through_key)
     superseded = conn.execute(
-        f"DELETE FROM {storage} AS old WHERE commit_micros < ? AND EXISTS ("
+        f"DELETE FROM {storage} AS old WHERE commit_micros < ? {bounds} AND EXISTS ("
         f"SELECT 1 FROM {storage} AS newer WHERE newer.key = old.key "
         "AND newer.commit_micros > old.commit_micros AND newer.commit_micros <= ?)",
-        (cutoff_micros, cutoff_micros),
+        (cutoff_micros, *params, cutoff_micros),
     ).rowcount
     tombstones = conn.execute(
-        f"DELETE FROM {storage} AS old WHERE deleted = 1 AND commit_micros < ? AND NOT EXISTS ("
-        f"SELECT 1 FROM {storage} AS newer WHERE newer.key = old.key "
+        f"DELETE FROM {storage} AS old WHERE deleted = 1 AND commit_micros < ? {bounds} "
+        f"AND NOT EXISTS (SELECT 1 FROM {storage} AS newer WHERE newer.key = old.key "
         "AND newer.commit_micros > old.commit_micros)",
-        (cutoff_micros,),
+        (cutoff_micros, *params),
     ).rowcount
     return int(superseded) + int(tombstones)
+
+
+def _key_bounds(after_key: str | None, through_key: str | None) -> tuple[str, list[str]]:
+    bounds, params = "", []
+    if after_key is not None:
+        bounds, params = "AND old.key > ? ", [after_key]
+    if through_key is not None:
+        bounds, params = bounds + "AND old.key <= ? ", [*params, through_key]
+    return bounds, params
+
+
+def next_versions(conn: sqlite3.Connection, storage: str, after_key: str | None,
+                  limit: int) -> tuple[str | None, int]:
+    """The next `limit` versions in key order after `after_key` (None: from the first): the
+    key of the last of them, or None when fewer are left, and how many there are (at most
+    `limit`)."""
+    where, params = ("WHERE key > ?", [after_key]) if after_key is not None else ("", [])
+    (count,) = conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM {storage} {where} LIMIT ?)",
+                            [*params, limit]).fetchone()
+    if count < limit:
+        return None, int(count)
+    (last,) = conn.execute(f"SELECT key FROM {storage} {where} ORDER BY key LIMIT 1 OFFSET ?",
+                           [*params, limit - 1]).fetchone()
+    return str(last), int(count)
