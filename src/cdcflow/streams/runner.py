@@ -45,7 +45,7 @@ from cdcflow.streams.catalog import (
 )
 from cdcflow.streams.cluster import check_master_of, cluster_placement
 from cdcflow.streams.failures import RetryPolicy, record_failure
-from cdcflow.streams.home import claim_home
+from cdcflow.streams.home import claim_home, refuse_unmade
 from cdcflow.streams.lease import RunnerLease
 from cdcflow.streams.progress import count_batch
 from cdcflow.streams.rebackfill import Sweeper
@@ -87,6 +87,8 @@ class Runner:
                  clock: Clock = SYSTEM_CLOCK, lease_seconds: float = 15.0,
                  master_given: bool = False) -> None:
         """`master_given`: the session's master overrides every definition's."""
+        if not Path(catalog).exists():
+            refuse_unmade(Path(catalog))  # another catalog's folder: refused, no file made
         self.catalog = Catalog(catalog, clock)
         self.master = str(spark.sparkContext.master) if spark is not None else "local[*]"
         self.master_given = master_given

@@ -127,10 +127,8 @@ def test_a_postgres_stream_end_to_end_through_the_cli_and_the_runner(
     assert any("capture worker exited" in e["message"] for e in errors)
     assert status["capture"]["position"]["end_lsn"]
     cli(catalog_path, "delete", "pg-shop")
-    assert pg.sql("shop", "SELECT count(*) FROM pg_replication_slots WHERE slot_name = "
-                          "'cdcflow_old'").strip() == "0"
-    assert pg.sql("shop", "SELECT count(*) FROM pg_publication WHERE pubname = "
-                          "'cdcflow_old'").strip() == "0"
+    assert pg.sql("shop", "SELECT count(*) FROM pg_replication_slots").strip() == "0"
+    assert pg.sql("shop", "SELECT count(*) FROM pg_publication").strip() == "0"
     exposed = [str(path) for path in tmp_path.rglob("*") if path.is_file()
                and pg.password.encode() in path.read_bytes()]
     assert exposed == [] and pg.password not in json.dumps(status) + json.dumps(errors)
@@ -176,11 +174,9 @@ def test_a_server_older_than_the_source_needs_is_refused_naming_its_version(
     connection.check_server_version(pg_conn, pg.dsn())
     above = (pg_conn.server_version // 10000 + 1) * 10000
     monkeypatch.setattr(connection, "MIN_SERVER_VERSION", above)
-    with pg_conn.cursor() as cur:
-        cur.execute("CREATE TABLE old_server (id int PRIMARY KEY)")
     definition = tmp_path / "pg.yaml"
     definition.write_text(yaml.safe_dump({
-        "name": "old", "include": ["public.old_server"],
+        "name": "old", "include": ["public.*"],
         "source": {"kind": "postgres", "dsn": pg.dsn(),
                    "password_env": "CDCFLOW_TEST_PG_PASSWORD"},
         "destinations": [{"kind": "event_files", "root": str(tmp_path / "events")}]}))

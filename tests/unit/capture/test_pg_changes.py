@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cdcflow.capture.postgres.changes import RelationShape, to_changes
+from cdcflow.capture.postgres.connection import version_text
 from cdcflow.capture.postgres.pgoutput import UNCHANGED, Delete, Insert, Update
 from cdcflow.capture.postgres.types import text_converter
 from cdcflow.errors import InvalidArgument
@@ -87,3 +88,10 @@ def test_lsns_sort_as_numbers_and_malformed_ones_are_refused():
                 "\uff11/2"]:
         with pytest.raises(InvalidArgument, match="is not of the form X/Y"):
             lsn_number(bad)
+
+
+@pytest.mark.parametrize(("number", "text"), [(150004, "15.4"), (140000, "14.0"),
+                                              (90624, "9.6.24"), (100023, "10.23")])
+def test_server_version_numbers_read_as_postgresql_writes_them(number: int, text: str):
+    """The refusal of a server older than 14 names its version as the server does."""
+    assert version_text(number) == text

@@ -39,6 +39,7 @@ def test_a_second_catalogs_runner_in_one_folder_is_refused_naming_both(tmp_path:
         Runner(second, spark=None)
     assert str(first.resolve()) in str(refused.value)
     assert str(second.resolve()) in str(refused.value)
+    assert not second.exists(), "the refused catalog was made"
     assert checkpoint.is_dir() and _held(tmp_path)["file"] == str(first.resolve())
     Runner(first, spark=None)  # its own catalog's runner goes on
     Runner(tmp_path / "elsewhere" / "b.db", spark=None)  # another folder: its own

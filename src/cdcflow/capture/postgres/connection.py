@@ -99,13 +99,16 @@ def check_server_version(conn: Any, dsn: str, minimum: int | None = None) -> Non
     found = int(conn.server_version)
     if found < minimum:
         raise FailedPrecondition(
-            f"PostgreSQL at {describe_dsn(dsn)} is version {_version_text(found)}; the source "
-            f"needs {_version_text(minimum)} or newer (pgoutput's 'messages' option, "
+            f"PostgreSQL at {describe_dsn(dsn)} is version {version_text(found)}; the source "
+            f"needs {version_text(minimum)} or newer (pgoutput's 'messages' option, "
             "pg_current_snapshot())")
 
 
-def _version_text(number: int) -> str:
-    """`server_version_num` as PostgreSQL writes its version: 150004 is 15.4."""
+def version_text(number: int) -> str:
+    """`server_version_num` as PostgreSQL writes its version: 150004 is 15.4, and before
+    10 it had three parts: 90624 is 9.6.24."""
+    if number < 100000:
+        return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
     return f"{number // 10000}.{number % 10000}"
 
 
