@@ -76,8 +76,6 @@ def _write_versions(session: Session, catalog: Catalog, changes: list[RowChange]
         texts.append(version[4])
     for storage, rows in by_storage.items():
         write_versions(session.conn, storage, rows)
-    session.versions_written += len(changes)
-    session.commits += 1
     return texts
 
 
@@ -138,22 +136,8 @@ def _collect_garbage(session: Session, catalog: Catalog, micros: int) -> None:
                                                               journal.SETTLE_BACKLOG)):
             journal.settle(session, catalog)  # retention would meet it, or no reader came
         retention.expire_change_records(session.conn, catalog, micros)
-        retention.expire_row_versions(session.conn, catalog, micros, _gc_budget(session))
-        write_meta(session.conn, {"gc_micros": micros, "gc_txn": session.meta["txn_counter"]})
-
-
-def _gc_budget(session: Session) -> int:
-    """The row versions a round looks at: GC_VERSIONS_PER_WRITE for each version written
-    since the last round (this session's own, and other writers' transactions at this
-    session's versions per transaction), and GC_MIN_VERSIONS at least."""
-    transactions = int(session.meta["txn_counter"]) - int(session.meta.get("gc_txn", 0))
-    own_commits, own_versions = (session.commits - session.gc_mark[0],
-                                 session.versions_written - session.gc_mark[1])
-    others = max(transactions - own_commits, 0) * session.versions_written / max(
-        session.commits, 1)
-    session.gc_mark = (session.commits, session.versions_written)
-    return max(retention.GC_MIN_VERSIONS,
-               int(retention.GC_VERSIONS_PER_WRITE * (own_versions + others)))
+        retention.collect_row_versions(session.conn, catalog, micros)
+        write_meta(session.conn, {"gc_micros": micros})
 
 
 def _net_changes(

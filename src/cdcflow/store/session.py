@@ -26,12 +26,6 @@ class Session:
     """Column types (JSON) of the external objects this session has recorded."""
     object_types: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     """The column-types tuple last recorded per object (checked by identity: no JSON)."""
-    commits: int = 0
-    versions_written: int = 0
-    """This session's commits and the row versions they wrote: they size a round of garbage
-    collection (`commit._gc_budget`)."""
-    gc_mark: tuple[int, int] = (0, 0)
-    """(commits, versions_written) at this session's last round."""
 
     def forget_objects(self) -> None:
         """After a rollback: what was recorded may not be in the log."""
