@@ -121,8 +121,7 @@ def run(catalog: str, master: str | None, as_json: bool, verbose: bool,
     stop = threading.Event()
     log_path = Path(catalog).resolve().parent / "logs" / "spark.log"
     try:
-        if not Path(catalog).exists():
-            refuse_unmade(Path(catalog))  # another catalog's folder: refused, no file made
+        refuse_unmade(Path(catalog))  # another catalog's folder: no file made
         opened = Catalog(catalog)
         claim_home(Path(catalog).resolve().parent, opened)  # another catalog's folder: now
         chosen = master or master_of_streams(

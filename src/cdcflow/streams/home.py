@@ -73,10 +73,12 @@ def _held(marker: Path) -> dict[str, str] | None:
 
 
 def refuse_unmade(catalog_file: Path) -> None:
-    """Before a catalog file is made (a run of one that does not exist yet): raise
-    FailedPrecondition, and make nothing, if another catalog keeps its streams in its
-    folder; `claim_home` decides under its lock once the file is made."""
+    """Before a catalog is opened: if its file does not exist yet, raise FailedPrecondition,
+    and make nothing, when another catalog keeps its streams in its folder; `claim_home`
+    decides under its lock once the file is made."""
     mine = Path(catalog_file).resolve()
+    if mine.exists():
+        return
     marker = mine.parent / HOME_FILE
     held = _held(marker)
     if held is not None and _claimed_file(held["file"], mine.parent).exists():

@@ -87,8 +87,7 @@ class Runner:
                  clock: Clock = SYSTEM_CLOCK, lease_seconds: float = 15.0,
                  master_given: bool = False) -> None:
         """`master_given`: the session's master overrides every definition's."""
-        if not Path(catalog).exists():
-            refuse_unmade(Path(catalog))  # another catalog's folder: refused, no file made
+        refuse_unmade(Path(catalog))  # another catalog's folder: no file made
         self.catalog = Catalog(catalog, clock)
         self.master = str(spark.sparkContext.master) if spark is not None else "local[*]"
         self.master_given = master_given
